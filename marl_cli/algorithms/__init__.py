@@ -1,0 +1,1 @@
+"""Pure functions from sample rows to advantages."""

@@ -1,0 +1,62 @@
+"""GRPO advantages: normalise each reward within its group.
+
+    A_i = (r_i − mean_g) / (std_g + ε)      (norm_by_std=True; std is the unbiased sample std)
+    A_i =  r_i − mean_g                     (norm_by_std=False, the Dr. GRPO form)
+
+A group of one has no baseline and gets A = 0. The group of a sample row is (task, turn, role):
+for single-agent GRPO that is just the task; multi-agent workflows reuse the same key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.rollout.samples import Sample
+
+FILTERS = ("none", "zero_std")
+
+
+def group_advantages(rewards: Sequence[float], groups: Sequence[Hashable], norm_by_std: bool = True,
+                     eps: float = 1e-6) -> list[float]:
+    """The advantage of every reward given the group it belongs to."""
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    advantages = [0.0] * len(rewards)
+    for idx in members.values():
+        if len(idx) < 2:
+            continue
+        values = [rewards[i] for i in idx]
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        for i in idx:
+            centred = rewards[i] - mean
+            advantages[i] = centred / (std + eps) if norm_by_std else centred
+    return advantages
+
+
+def group_key(sample: Sample) -> tuple[int, int, str]:
+    """Samples compete only with samples of the same task, turn and role."""
+    return (sample.task, sample.turn, sample.role)
+
+
+def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: float = 1e-6,
+                      filter: str = "none") -> dict[str, float]:
+    """Fill in ``advantage`` (and ``keep`` under a filter) for every row; return group statistics."""
+    if filter not in FILTERS:
+        raise ConfigError(f"algorithm.filter={filter!r} is unknown; choose from: {', '.join(FILTERS)}")
+    keys = [group_key(s) for s in samples]
+    for s, a in zip(samples, group_advantages([s.reward for s in samples], keys, norm_by_std, eps), strict=True):
+        s.advantage = a
+    rewards_by_group: dict[Hashable, list[float]] = defaultdict(list)
+    for s, k in zip(samples, keys, strict=True):
+        rewards_by_group[k].append(s.reward)
+    zero_std = {k for k, rs in rewards_by_group.items() if max(rs) - min(rs) == 0}
+    if filter == "zero_std":
+        for s, k in zip(samples, keys, strict=True):
+            s.keep = k not in zero_std
+    return {"groups": float(len(rewards_by_group)),
+            "zero_std_fraction": len(zero_std) / max(len(rewards_by_group), 1)}

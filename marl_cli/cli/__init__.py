@@ -1,0 +1,1 @@
+"""The ``marl`` command and its subcommands."""

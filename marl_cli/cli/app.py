@@ -1,0 +1,44 @@
+"""Running a Hydra app from ``marl <command>``: validate overrides first, then hand over to Hydra."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import register_configs
+from marl_cli.config.validate import check_overrides
+
+INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
+VALUE_FLAGS = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+               "--config-dir", "--experimental-rerun", "-i", "--info"}
+
+
+def overrides_in(args: list[str]) -> list[str]:
+    """The ``key=value`` overrides among Hydra's command-line arguments."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in VALUE_FLAGS:
+            skip = arg not in {"-c", "--cfg", "-i", "--info"}
+        elif not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
+def fail(command: str, message: str) -> None:
+    print(f"marl {command}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run_app(command: str, config_name: str, hydra_main: Callable[[], object], args: list[str]) -> None:
+    """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``."""
+    register_configs()
+    if not INFO_FLAGS.intersection(args):
+        try:
+            check_overrides(config_name, overrides_in(args))
+        except ConfigError as exc:
+            fail(command, str(exc))
+    sys.argv = [f"marl-{command}", *args]
+    hydra_main()

@@ -1,0 +1,26 @@
+"""``marl``: dispatch to a subcommand; each subcommand is a Hydra app."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "train": ("marl_cli.cli.train", "train agents with GRPO (a Hydra app over conf/train.yaml)"),
+}
+
+USAGE = "usage: marl <command> [hydra overrides and flags]\n\ncommands:\n" + "\n".join(
+    f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()
+) + "\n\nRun `marl <command> --help` for a command's config groups and options."
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        sys.exit(0 if args else 2)
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"marl: error: unknown command {command!r}; choose from: {', '.join(COMMANDS)}", file=sys.stderr)
+        sys.exit(2)
+    importlib.import_module(COMMANDS[command][0]).run(rest)

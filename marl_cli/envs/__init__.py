@@ -1,0 +1,18 @@
+"""Environments by name: ``build_env`` turns an ``env`` config into an instance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.envs.base import Env
+from marl_cli.envs.plan_path import PlanPathEnv
+
+ENVS: dict[str, type[Env]] = {"plan_path": PlanPathEnv}
+
+
+def build_env(cfg: Any, seed: int) -> Env:
+    """The environment named by ``cfg.name``."""
+    if cfg.name not in ENVS:
+        raise ConfigError(f"env.name={cfg.name!r} is not registered; choose from: {', '.join(sorted(ENVS))}")
+    return ENVS[cfg.name](cfg, seed)

@@ -1,0 +1,79 @@
+"""The environment interface every task family implements, and the seed rule for its splits."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+EVAL_SEED_BASE = 1_000_000_000
+"""Evaluation tasks use seeds ``EVAL_SEED_BASE + i``; training seeds always lie below it."""
+
+WARMSTART_OFFSET = 500_000_000
+"""Warm-start demonstrations use training indices from here on, so they differ from RL tasks."""
+
+
+def task_seed(split: str, index: int, run_seed: int) -> int:
+    """The seed of task ``index`` of ``split`` ("train", "warmstart" or "eval").
+
+    Evaluation seeds do not depend on the run seed, so every run is scored on the same held-out
+    tasks; training seeds do, and are disjoint from evaluation seeds by construction.
+    """
+    if split == "eval":
+        return EVAL_SEED_BASE + index
+    if split == "warmstart":
+        index += WARMSTART_OFFSET
+    elif split != "train":
+        raise ValueError(f"unknown split {split!r}; expected train, warmstart or eval")
+    return (run_seed * 1_000_003 + index) % EVAL_SEED_BASE
+
+
+@dataclass
+class Transition:
+    """The result of applying one parsed action to a state."""
+
+    state: Any
+    reward: float
+    done: bool
+    success: bool
+    format_ok: bool
+    info: dict[str, float] = field(default_factory=dict)
+
+
+class Env(ABC):
+    """A task family: task generation, state, transition rules, scoring and an oracle.
+
+    Environments know nothing about models or tokenisation: they take and return text.
+    """
+
+    def __init__(self, cfg: Any, seed: int = 0):
+        self.cfg = cfg
+        self.seed = seed
+
+    def task(self, split: str, index: int) -> Any:
+        """Task ``index`` of ``split``, deterministic from the run seed."""
+        return self.make_task(task_seed(split, index, self.seed))
+
+    @abstractmethod
+    def make_task(self, seed: int) -> Any:
+        """The task generated from ``seed``."""
+
+    @abstractmethod
+    def rules(self) -> str:
+        """The rules of the game as shown to an agent."""
+
+    @abstractmethod
+    def initial_state(self, task: Any) -> Any:
+        """The state an episode on ``task`` starts from."""
+
+    @abstractmethod
+    def observe(self, state: Any) -> str:
+        """A text rendering of ``state``."""
+
+    @abstractmethod
+    def step(self, state: Any, action: str | None) -> Transition:
+        """Apply ``action`` (the answer text; None when the answer could not be parsed)."""
+
+    @abstractmethod
+    def oracle(self, state: Any) -> str | None:
+        """An optimal action from ``state`` as answer text, or None when there is none."""

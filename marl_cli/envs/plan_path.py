@@ -1,0 +1,174 @@
+"""Plan-Path: reach the goal on a grid with blocked cells (AT-GRPO paper, planning family).
+
+The agent's action is a move list (``U D L R``) applied to the real grid one move at a time.
+Rewards follow the paper: each move costs ``step_reward``, a move into a wall or off the grid costs
+``invalid_reward`` and leaves the agent in place, reaching the goal pays ``goal_reward`` (plus
+``optimal_bonus`` when the path is as short as the BFS oracle's), and ending elsewhere costs
+``failure_reward``. With ``shaping`` on, each move also earns the potential-based term
+``γ·Φ(s') − Φ(s)`` with ``Φ(s) = −BFS distance to the goal``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from dataclasses import dataclass, replace
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import PlanPathConfig
+from marl_cli.envs.base import Env, Transition
+
+MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+_WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
+Cell = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A square grid: ``blocked`` cells, a start and a goal."""
+
+    size: int
+    blocked: frozenset[Cell]
+    start: Cell
+    goal: Cell
+
+    def free(self, cell: Cell) -> bool:
+        r, c = cell
+        return 0 <= r < self.size and 0 <= c < self.size and cell not in self.blocked
+
+    def render(self) -> str:
+        rows = []
+        for r in range(self.size):
+            row = []
+            for c in range(self.size):
+                cell = (r, c)
+                row.append("S" if cell == self.start else "G" if cell == self.goal else
+                           "#" if cell in self.blocked else ".")
+            rows.append(" ".join(row))
+        return "\n".join(rows)
+
+
+def distances_to(grid: Grid, target: Cell) -> dict[Cell, int]:
+    """BFS distance from every reachable free cell to ``target``."""
+    dist = {target: 0}
+    queue = deque([target])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            nxt = (r + dr, c + dc)
+            if grid.free(nxt) and nxt not in dist:
+                dist[nxt] = dist[(r, c)] + 1
+                queue.append(nxt)
+    return dist
+
+
+def shortest_path(grid: Grid) -> list[str] | None:
+    """The BFS oracle: a shortest move list from start to goal, or None when the goal is unreachable."""
+    dist = distances_to(grid, grid.goal)
+    if grid.start not in dist:
+        return None
+    path, cell = [], grid.start
+    while cell != grid.goal:
+        for move, (dr, dc) in MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if dist.get(nxt) == dist[cell] - 1:
+                path.append(move)
+                cell = nxt
+                break
+    return path
+
+
+def random_grid(size: int, block_prob: float, rng: random.Random) -> Grid:
+    """A grid whose goal is reachable from its start (resampled until it is)."""
+    cells = [(r, c) for r in range(size) for c in range(size)]
+    while True:
+        start, goal = rng.sample(cells, 2)
+        blocked = frozenset(cell for cell in cells
+                            if cell not in (start, goal) and rng.random() < block_prob)
+        grid = Grid(size, blocked, start, goal)
+        if shortest_path(grid) is not None:
+            return grid
+
+
+def parse_moves(text: str) -> list[str] | None:
+    """``"R R d, left"`` → ``["R", "R", "D", "L"]``; None when empty or any token is not a move."""
+    tokens = [t for t in re.split(r"[\s,;]+", text.strip()) if t]
+    moves = []
+    for token in tokens:
+        word = token.upper()
+        move = word if word in MOVES else _WORDS.get(word)
+        if move is None:
+            return None
+        moves.append(move)
+    return moves or None
+
+
+@dataclass(frozen=True)
+class PlanPathState:
+    """Where the agent stands on the task's grid, and how the episode has gone so far."""
+
+    grid: Grid
+    pos: Cell
+    moves_made: int = 0
+    done: bool = False
+    success: bool = False
+
+
+class PlanPathEnv(Env):
+    """Grid path planning with a BFS oracle."""
+
+    def __init__(self, cfg: PlanPathConfig, seed: int = 0):
+        super().__init__(cfg, seed)
+        if cfg.size < 2:
+            raise ConfigError(f"env.size must be at least 2, got {cfg.size}")
+        if not 0.0 <= cfg.block_prob < 0.9:
+            raise ConfigError(f"env.block_prob must be in [0, 0.9), got {cfg.block_prob}")
+        self.max_moves = cfg.max_moves or 2 * cfg.size * cfg.size
+
+    def rules(self) -> str:
+        return "Go from S to G. # is a wall. Moves: U D L R."
+
+    def make_task(self, seed: int) -> Grid:
+        return random_grid(self.cfg.size, self.cfg.block_prob, random.Random(seed))
+
+    def initial_state(self, task: Grid) -> PlanPathState:
+        return PlanPathState(grid=task, pos=task.start)
+
+    def observe(self, state: PlanPathState) -> str:
+        return replace(state.grid, start=state.pos).render()
+
+    def oracle(self, state: PlanPathState) -> str | None:
+        path = shortest_path(replace(state.grid, start=state.pos))
+        return None if path is None else " ".join(path)
+
+    def step(self, state: PlanPathState, action: str | None) -> Transition:
+        cfg = self.cfg
+        moves = None if action is None else parse_moves(action)
+        if moves is None:
+            return Transition(replace(state, done=True), cfg.format_penalty, done=True, success=False,
+                              format_ok=False, info={"invalid_moves": 0, "moves": 0})
+        grid, pos = state.grid, state.pos
+        dist = distances_to(grid, grid.goal)
+        optimal = dist.get(grid.start)
+        reward, invalid, made, success = 0.0, 0, state.moves_made, False
+        for move in moves[: self.max_moves]:
+            dr, dc = MOVES[move]
+            nxt = (pos[0] + dr, pos[1] + dc)
+            if not grid.free(nxt):
+                reward += cfg.invalid_reward
+                invalid += 1
+                continue
+            reward += cfg.step_reward
+            if cfg.shaping:
+                reward += cfg.gamma * -dist[nxt] + dist[pos]
+            pos, made = nxt, made + 1
+            if pos == grid.goal:
+                success = True
+                reward += cfg.goal_reward + (cfg.optimal_bonus if made == optimal else 0.0)
+                break
+        if not success:
+            reward += cfg.failure_reward
+        new_state = PlanPathState(grid=grid, pos=pos, moves_made=made, done=True, success=success)
+        return Transition(new_state, reward, done=True, success=success, format_ok=True,
+                          info={"invalid_moves": invalid, "moves": len(moves)})

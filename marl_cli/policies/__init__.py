@@ -1,0 +1,1 @@
+"""Models, tokenizers and the role→policy map."""

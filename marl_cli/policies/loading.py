@@ -1,0 +1,48 @@
+"""Loading the model and tokenizer a policy starts from, and formatting prompts for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.policies.tiny import save_tiny
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_source(model_cfg: Any, seed: int, workdir: Path) -> str:
+    """A path or hub id to load from: the configured one, or a freshly saved tiny model."""
+    if model_cfg.name_or_path:
+        return str(model_cfg.name_or_path)
+    target = workdir / "tiny_init"
+    if not (target / "config.json").exists():
+        save_tiny(model_cfg.tiny, seed, target)
+    return str(target)
+
+
+def load_model(source: str, dtype: str, device: torch.device) -> PreTrainedModel:
+    """A causal LM from a local dir or hub id."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"model.dtype={dtype!r} is not supported; choose from: {', '.join(DTYPES)}")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    return model.to(device)
+
+
+def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    """A tokenizer padded on the left (for batched generation) with a pad token."""
+    tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, use_chat_template: bool) -> str:
+    """``text`` as a user turn when the tokenizer has a chat template and it is wanted, else as is."""
+    if use_chat_template and tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return text

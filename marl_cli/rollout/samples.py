@@ -1,0 +1,28 @@
+"""The sample table: one row per (task, branch, turn, agent) completion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    """One agent's completion at one turn of one episode, with its reward.
+
+    ``task`` indexes the task within the step, ``branch`` the sampled episode (or candidate) for it.
+    ``advantage`` is filled in by an algorithm; ``keep`` is cleared by its group filter.
+    """
+
+    task: int
+    branch: int
+    turn: int
+    role: str
+    policy: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    reward: float
+    success: bool = False
+    format_ok: bool = True
+    info: dict[str, float] = field(default_factory=dict)
+    advantage: float = 0.0
+    keep: bool = True

@@ -1,0 +1,1 @@
+"""Metrics files, Weights & Biases, and the progress display."""

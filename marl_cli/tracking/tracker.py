@@ -1,0 +1,77 @@
+"""Where metrics go: ``metrics.jsonl`` always, Weights & Biases when ``logger=wandb``, and ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+    return float(value) if hasattr(value, "item") else value
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` atomically (a crash never leaves a half-written file)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def wandb_mode(requested: str) -> str:
+    """``auto`` is online when W&B credentials exist (env var or netrc), offline otherwise."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return "online" if netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore") else "offline"
+
+
+class Tracker:
+    """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors it to W&B.
+
+    Args:
+        run_dir: the run directory.
+        logger_cfg: the ``logger`` config (``name`` is ``wandb`` or ``none``).
+        config: the resolved run config, stored with the W&B run.
+        run_name: the W&B run name.
+    """
+
+    def __init__(self, run_dir: Path, logger_cfg: Any, config: dict[str, Any], run_name: str):
+        self.path = run_dir / "metrics.jsonl"
+        self.wandb = None
+        if logger_cfg.name == "wandb":
+            import wandb
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self.wandb = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=run_name,
+                                    dir=str(run_dir), config=config, mode=wandb_mode(logger_cfg.mode),
+                                    tags=list(logger_cfg.tags), resume="allow",
+                                    id=_wandb_id(run_dir))
+        elif logger_cfg.name != "none":
+            from marl_cli.config.errors import ConfigError
+
+            raise ConfigError(f"logger.name={logger_cfg.name!r} is unknown; choose from: wandb, none")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self.wandb is not None:
+            self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
+            self.wandb.finish()
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """One W&B run per run dir, so a resumed run continues the same W&B run."""
+    id_file = run_dir / ".wandb_id"
+    if not id_file.exists():
+        id_file.write_text(uuid.uuid4().hex[:12])
+    return id_file.read_text().strip()

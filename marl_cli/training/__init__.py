@@ -1,0 +1,1 @@
+"""The training loop, the TRL-backed per-policy update, warm start, evaluation and checkpoints."""

@@ -1,0 +1,83 @@
+"""End-to-end ``marl train``: metrics, summary, checkpoints, resume, multirun."""
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.helpers import FAST, marl
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("run") / "r"
+    out = marl("train", *FAST, "trainer.steps=2", "trainer.save_every=1", "trainer.warmstart.enabled=true",
+               "trainer.warmstart.num_examples=16", "trainer.warmstart.batch_size=8", f"hydra.run.dir={run}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run
+
+
+def test_summary(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["steps"] == 2
+    for prefix in ("eval_pre_warmstart", "eval_before", "eval"):
+        assert 0.0 <= summary[f"{prefix}/success"] <= 1.0
+        assert summary[f"{prefix}/tasks"] == 6
+    assert summary["policies"] == {"shared": ["agent"]}
+
+
+def test_metrics_jsonl(run_dir):
+    records = _records(run_dir)
+    train = [r for r in records if "train/success" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        assert r["train/shared/rows"] == 6  # 2 tasks x 3 generations
+        assert r["train/generate_calls"] == 1  # one batched call for all tasks and branches
+        assert r["train/shared/learning_rate"] == pytest.approx(1e-3)
+        assert r["train/shared/grad_norm"] >= 0
+        assert -3 < r["train/agent/reward"] < 10
+    assert any("warmstart/shared/loss" in r for r in records)
+    assert [r["step"] for r in records if "eval/success" in r] == [2]
+
+
+def test_checkpoints(run_dir):
+    steps = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert steps == ["step_000001", "step_000002"]
+    last = run_dir / "checkpoints" / "step_000002"
+    assert (last / "policies" / "shared" / "config.json").exists()
+    assert (last / "policies" / "shared" / "tokenizer.json").exists()
+    assert (last / "state.pt").exists()
+    weights = load_file(last / "policies" / "shared" / "model.safetensors")
+    assert weights["model.embed_tokens.weight"].shape[1] == 32
+
+
+def test_resume_continues_from_last_checkpoint(run_dir, tmp_path):
+    out = marl("train", *FAST, "trainer.steps=3", "trainer.save_every=1", f"trainer.resume={run_dir}",
+               f"hydra.run.dir={tmp_path / 'resumed'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    assert "eval_before/success" in summary  # kept from the first invocation
+    train_steps = [r["step"] for r in _records(run_dir) if "train/success" in r]
+    assert train_steps == [1, 2, 3]
+    assert (run_dir / "checkpoints" / "step_000003" / "state.pt").exists()
+
+
+def test_resume_without_checkpoint_fails_cleanly(tmp_path):
+    out = marl("train", *FAST, f"trainer.resume={tmp_path}", f"hydra.run.dir={tmp_path / 'x'}")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("marl train: error: trainer.resume=")
+
+
+def test_multirun_writes_one_run_per_value(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = marl("train", "-m", *FAST, "trainer.steps=1,2", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = sorted(json.loads((sweep / job / "summary.json").read_text())["steps"] for job in ("0", "1"))
+    assert steps == [1, 2]

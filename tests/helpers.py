@@ -1,0 +1,24 @@
+"""Helpers shared by tests: the fastest settings that still exercise the whole loop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TINY = [
+    "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64", "model.tiny.num_hidden_layers=1",
+    "model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=1", "model.tiny.head_dim=16",
+]
+FAST = [
+    *TINY, "env.size=4", "env.eval_size=6", "rollout.tasks_per_step=2", "rollout.max_new_tokens=12",
+    "algorithm.num_generations=3", "trainer.learning_rate=1e-3", "logger=none", "progress=false",
+]
+
+
+def marl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the ``marl`` console script as a user would."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    exe = Path(sys.executable).with_name("marl")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)

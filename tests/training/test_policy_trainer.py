@@ -1,0 +1,98 @@
+import random
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from marl_cli.config.schema import ModelConfig, TrainerConfig
+from marl_cli.policies.regime import assign_roles, build_policies
+from marl_cli.rollout.samples import Sample
+from marl_cli.training.policy_trainer import PolicyTrainer, collate
+from tests.policies.test_tiny import SMALL
+
+
+@pytest.fixture
+def policy(tmp_path):
+    model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
+    return build_policies({"agent": "shared"}, model_cfg, 0, tmp_path, torch.device("cpu"))["shared"]
+
+
+def _rows(advantages):
+    return [Sample(task=0, branch=i, turn=0, role="agent", policy="shared", prompt_ids=[10, 11, 12][: 1 + i % 3],
+                   completion_ids=[20, 21, 1][: 1 + (i + 1) % 3], reward=0.0, advantage=a)
+            for i, a in enumerate(advantages)]
+
+
+def _trainer(policy, tmp_path, **kw):
+    cfg = OmegaConf.structured(TrainerConfig(**{"learning_rate": 1e-2, "steps": 10, "mini_batch_size": 2, **kw}))
+    return PolicyTrainer(policy, cfg, temperature=0.7, max_completion_length=8, output_dir=tmp_path / "trl", seed=0)
+
+
+def test_config_passes_through_to_trl(policy, tmp_path):
+    t = _trainer(policy, tmp_path, loss_type="dr_grpo", epsilon=0.3, epsilon_high=0.4, beta=0.0)
+    assert t.trl.loss_type == "dr_grpo"
+    assert (t.trl.epsilon_low, t.trl.epsilon_high) == (0.3, 0.4)
+    assert t.trl.temperature == 0.7  # the loss scores log-probs at the rollout temperature
+    assert set(t.scheduler.get_last_lr()) == {1e-2}
+
+
+def test_update_moves_weights_only_with_nonzero_advantages(policy, tmp_path):
+    t = _trainer(policy, tmp_path)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    stats = t.update(_rows([0.0, 0.0, 0.0]), random.Random(0))
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+    assert stats["rows"] == 3
+    stats = t.update(_rows([1.0, -1.0, 0.5]), random.Random(0))
+    assert any(not torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+    assert stats["grad_norm"] > 0
+
+
+def test_positive_advantage_raises_its_likelihood(policy, tmp_path):
+    t = _trainer(policy, tmp_path, learning_rate=5e-3)
+    rows = _rows([1.0, -1.0])
+    batch = collate(rows, policy.tokenizer.pad_token_id, torch.device("cpu"))
+    before = (t._logps(policy.model, batch) * batch["completion_mask"]).sum(1)
+    for _ in range(5):
+        t.update(rows, random.Random(0))
+    after = (t._logps(policy.model, batch) * batch["completion_mask"]).sum(1)
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_filtered_rows_are_not_trained(policy, tmp_path):
+    t = _trainer(policy, tmp_path)
+    rows = _rows([1.0, -1.0])
+    for r in rows:
+        r.keep = False
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    stats = t.update(rows, random.Random(0))
+    assert stats["rows"] == 0 and stats["dropped_rows"] == 2
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+
+
+def test_state_round_trip(policy, tmp_path):
+    t = _trainer(policy, tmp_path, lr_scheduler_type="linear")
+    t.update(_rows([1.0, -1.0]), random.Random(0))
+    state = t.state_dict()
+    fresh = _trainer(policy, tmp_path, lr_scheduler_type="linear")
+    fresh.load_state_dict(state)
+    assert fresh.scheduler.get_last_lr() == t.scheduler.get_last_lr()
+    assert max(t.scheduler.get_last_lr()) < 1e-2
+
+
+def test_collate_pads_prompts_left_and_completions_right():
+    batch = collate(_rows([0.5, 0.0, -0.5]), pad_id=0, device=torch.device("cpu"))
+    assert batch["prompt_ids"].tolist() == [[0, 0, 10], [0, 10, 11], [10, 11, 12]]
+    assert batch["completion_ids"].tolist() == [[20, 21, 0], [20, 21, 1], [20, 0, 0]]
+    assert batch["completion_mask"].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0]]
+    assert batch["advantages"].tolist() == [0.5, 0.0, -0.5]
+
+
+def test_role_map():
+    shared = OmegaConf.create({"name": "shared", "assignment": {}})
+    per_role = OmegaConf.create({"name": "per_role", "assignment": {"c": "a"}})
+    assert assign_roles(shared, ["a", "b"]) == {"a": "shared", "b": "shared"}
+    assert assign_roles(per_role, ["a", "b", "c"]) == {"a": "a", "b": "b", "c": "a"}
+    with pytest.raises(ValueError, match="policy.assignment"):
+        assign_roles(OmegaConf.create({"name": "shared", "assignment": {"zz": "x"}}), ["a"])
+    with pytest.raises(ValueError, match="policy.name"):
+        assign_roles(OmegaConf.create({"name": "bogus", "assignment": {}}), ["a"])
