@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from marl_cli.config.errors import ConfigError
+
 
 def _jsonable(value: Any) -> Any:
     return float(value) if hasattr(value, "item") else value
@@ -20,10 +22,17 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
 def wandb_mode(requested: str) -> str:
-    """``auto`` is online when W&B credentials exist (env var or netrc), offline otherwise."""
+    """``auto`` follows ``WANDB_MODE`` if set, else online when credentials exist (env var or netrc), else offline."""
+    if requested not in WANDB_MODES:
+        raise ConfigError(f"logger.mode={requested!r} is unknown; choose from: {', '.join(WANDB_MODES)}")
     if requested != "auto":
         return requested
+    if os.environ.get("WANDB_MODE") in WANDB_MODES[1:]:
+        return os.environ["WANDB_MODE"]
     if os.environ.get("WANDB_API_KEY"):
         return "online"
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
@@ -52,8 +61,6 @@ class Tracker:
                                     tags=list(logger_cfg.tags), resume="allow",
                                     id=_wandb_id(run_dir))
         elif logger_cfg.name != "none":
-            from marl_cli.config.errors import ConfigError
-
             raise ConfigError(f"logger.name={logger_cfg.name!r} is unknown; choose from: wandb, none")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

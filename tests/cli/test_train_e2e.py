@@ -81,3 +81,12 @@ def test_multirun_writes_one_run_per_value(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     steps = sorted(json.loads((sweep / job / "summary.json").read_text())["steps"] for job in ("0", "1"))
     assert steps == [1, 2]
+
+
+def test_wandb_logger_writes_offline_run(tmp_path):
+    run = tmp_path / "wb"
+    out = marl("train", *FAST, "logger=wandb", "logger.mode=offline", "trainer.steps=1", f"hydra.run.dir={run}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"

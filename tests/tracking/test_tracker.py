@@ -1,0 +1,39 @@
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.tracking.tracker import Tracker, wandb_mode, write_json
+
+
+def test_metrics_jsonl_appends_one_object_per_log(tmp_path):
+    tracker = Tracker(tmp_path, OmegaConf.create({"name": "none"}), {}, "run")
+    tracker.log(1, {"train/reward": 0.5})
+    tracker.log(2, {"train/reward": 0.75, "eval/success": 1})
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "train/reward": 0.5}, {"step": 2, "train/reward": 0.75, "eval/success": 1}]
+
+
+def test_unknown_logger_and_mode(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="logger.name"):
+        Tracker(tmp_path, OmegaConf.create({"name": "tensorboard"}), {}, "run")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    assert wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x")
+    assert wandb_mode("auto") == "online"
+    assert wandb_mode("disabled") == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert wandb_mode("auto") == "offline"
+    with pytest.raises(ConfigError, match="logger.mode"):
+        wandb_mode("sometimes")
+
+
+def test_write_json_is_atomic(tmp_path):
+    path = tmp_path / "summary.json"
+    write_json(path, {"status": "running"})
+    write_json(path, {"status": "completed"})
+    assert json.loads(path.read_text()) == {"status": "completed"}
+    assert not list(tmp_path.glob("*.tmp"))
