@@ -16,8 +16,13 @@ from marl_cli.config.paths import config_dir
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")
 def train_app(cfg: DictConfig) -> float | None:
     """Train one run in Hydra's run dir; return the final eval success (the metric sweepers optimise)."""
+    import datasets
+    import transformers
+
     from marl_cli.training.loop import train
 
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
     try:
         summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
     except ConfigError as exc:

@@ -62,6 +62,28 @@ def evaluate(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str
     return metrics
 
 
+def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str],
+            trainers: dict[str, PolicyTrainer], sampling: Sampling, generator: HFGenerator,
+            rng: random.Random) -> dict[str, float]:
+    """One RL step: rollouts on this step's training tasks, advantages, one update per policy."""
+    t0 = time.perf_counter()
+    per_step = cfg.rollout.tasks_per_step
+    tasks = [workflow.env.task("train", (step - 1) * per_step + j) for j in range(per_step)]
+    result = run_episodes(workflow, policies, role_map, tasks, cfg.algorithm.num_generations, sampling, generator)
+    t_rollout = time.perf_counter() - t0
+    groups = assign_advantages(result.samples, cfg.algorithm.norm_by_std, cfg.algorithm.std_eps, cfg.algorithm.filter)
+    metrics = rollout_metrics(result, "train")
+    metrics.update({f"train/{k}": v for k, v in groups.items()})
+    metrics["train/reward"] = sum(s.reward for s in result.samples) / max(len(result.samples), 1)
+    for name, trainer in trainers.items():
+        rows = [s for s in result.samples if s.policy == name]
+        for key, value in trainer.update(rows, rng).items():
+            metrics[f"train/{name}/{key}"] = value
+    metrics["time/rollout_s"] = t_rollout
+    metrics["time/step_s"] = time.perf_counter() - t0
+    return metrics
+
+
 def _check(cfg: DictConfig) -> None:
     if cfg.algorithm.name not in ALGORITHMS:
         raise ConfigError(f"algorithm.name={cfg.algorithm.name!r} is unknown; choose from: {', '.join(ALGORITHMS)}")
@@ -123,6 +145,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         return metrics
 
     trainers: dict[str, PolicyTrainer] = {}
+
+    def save(step: int) -> None:
+        save_checkpoint(run_dir, step, policies, {n: t.state_dict() for n, t in trainers.items()}, rng)
+
     start = 0
     step = 0
     try:
@@ -149,40 +175,24 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         bar = tqdm(range(start + 1, cfg.trainer.steps + 1), initial=start, total=cfg.trainer.steps,
                    desc=cfg.name, disable=not cfg.progress, dynamic_ncols=True)
         for step in bar:
-            t0 = time.perf_counter()
-            tasks = [env.task("train", (step - 1) * cfg.rollout.tasks_per_step + j)
-                     for j in range(cfg.rollout.tasks_per_step)]
-            result = run_episodes(workflow, policies, role_map, tasks, cfg.algorithm.num_generations,
-                                  train_sampling, generator)
-            t_rollout = time.perf_counter() - t0
-            groups = assign_advantages(result.samples, cfg.algorithm.norm_by_std, cfg.algorithm.std_eps,
-                                       cfg.algorithm.filter)
-            metrics = rollout_metrics(result, "train")
-            metrics.update({f"train/{k}": v for k, v in groups.items()})
-            for name, trainer in trainers.items():
-                rows = [s for s in result.samples if s.policy == name]
-                for key, value in trainer.update(rows, rng).items():
-                    metrics[f"train/{name}/{key}"] = value
-            metrics["time/rollout_s"] = t_rollout
-            metrics["time/step_s"] = time.perf_counter() - t0
+            metrics = rl_step(step, cfg, workflow, policies, role_map, trainers, train_sampling, generator, rng)
             summary["steps"] = step
             if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
                 tracker.log(step, metrics)
-            reward = sum(s.reward for s in result.samples) / max(len(result.samples), 1)
-            bar.set_postfix(reward=f"{reward:.3f}", success=f"{metrics['train/success']:.2f}",
+            bar.set_postfix(reward=f"{metrics['train/reward']:.3f}", success=f"{metrics['train/success']:.2f}",
                             step_s=f"{metrics['time/step_s']:.1f}")
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.steps:
                 run_eval("eval", step)
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0 and step < cfg.trainer.steps:
-                save_checkpoint(run_dir, step, policies, {n: t.state_dict() for n, t in trainers.items()}, rng)
+                save(step)
         bar.close()
         run_eval("eval", step)
-        save_checkpoint(run_dir, step, policies, {n: t.state_dict() for n, t in trainers.items()}, rng)
+        save(step)
         summary["status"] = "completed"
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
         if summary["steps"] > start:
-            save_checkpoint(run_dir, summary["steps"], policies, {n: t.state_dict() for n, t in trainers.items()}, rng)
+            save(summary["steps"])
         raise
     except Exception as exc:
         summary["status"] = "failed"

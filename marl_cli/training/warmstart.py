@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
+from transformers import PrinterCallback
 from trl import SFTConfig, SFTTrainer
 
 from marl_cli.policies.loading import format_prompt
@@ -51,6 +52,7 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
         seed=seed,
     )
     trainer = SFTTrainer(model=policy.model, args=args, train_dataset=data, processing_class=policy.tokenizer)
+    trainer.remove_callback(PrinterCallback)  # marl logs the result itself
     result = trainer.train()
     return {"loss": float(result.training_loss), "examples": float(len(data)),
             "steps": float(result.global_step)}
