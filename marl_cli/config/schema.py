@@ -35,6 +35,7 @@ class PlanPathConfig(EnvConfig):
     optimal_bonus: float = 0.5
     failure_reward: float = -1.0
     format_penalty: float = -2.0  # an answer with no parsable move list
+    stop_at_goal: bool = True  # True (paper): moves after reaching the goal are ignored; False: the plan must end there
     shaping: bool = True  # potential-based shaping with the BFS distance
     gamma: float = 0.99
 

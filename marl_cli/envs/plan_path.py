@@ -6,6 +6,11 @@ Rewards follow the paper: each move costs ``step_reward``, a move into a wall or
 ``optimal_bonus`` when the path is as short as the BFS oracle's), and ending elsewhere costs
 ``failure_reward``. With ``shaping`` on, each move also earns the potential-based term
 ``γ·Φ(s') − Φ(s)`` with ``Φ(s) = −BFS distance to the goal``.
+
+With ``stop_at_goal`` (the paper's rule, the default) the episode ends the moment the goal is
+reached and later moves are ignored. That rule lets a policy append extra moves for free, and RL on
+a small model drifts that way; ``stop_at_goal=False`` instead plays every move, so a plan succeeds
+only if it *ends* on the goal.
 """
 
 from __future__ import annotations
@@ -163,11 +168,12 @@ class PlanPathEnv(Env):
             if cfg.shaping:
                 reward += cfg.gamma * -dist[nxt] + dist[pos]
             pos, made = nxt, made + 1
-            if pos == grid.goal:
-                success = True
-                reward += cfg.goal_reward + (cfg.optimal_bonus if made == optimal else 0.0)
+            if cfg.stop_at_goal and pos == grid.goal:
                 break
-        if not success:
+        success = pos == grid.goal
+        if success:
+            reward += cfg.goal_reward + (cfg.optimal_bonus if made == optimal else 0.0)
+        else:
             reward += cfg.failure_reward
         new_state = PlanPathState(grid=grid, pos=pos, moves_made=made, done=True, success=success)
         return Transition(new_state, reward, done=True, success=success, format_ok=True,

@@ -31,12 +31,16 @@ def _pad(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, 
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors TRL's GRPO loss reads: left-padded prompts, right-padded completions, advantages."""
+    """The tensors TRL's GRPO loss reads: left-padded prompts, right-padded completions, advantages.
+
+    Each mini-batch is one optimiser step, so token-sum losses are normalised by its own token count.
+    """
     prompt_ids, prompt_mask = _pad([s.prompt_ids for s in samples], pad_id, left=True)
     completion_ids, completion_mask = _pad([s.completion_ids for s in samples], pad_id, left=False)
     batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
              "completion_mask": completion_mask,
              "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
+    batch["num_items_in_batch"] = completion_mask.sum()  # token-sum losses (dapo, cispo, vespo) divide by it
     return {k: v.to(device) for k, v in batch.items()}
 
 

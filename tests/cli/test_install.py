@@ -20,7 +20,7 @@ def test_wheel_carries_configs_and_runs_outside_the_checkout(tmp_path):
     out = subprocess.run([sys.executable, "-m", "marl_cli", "train", "experiment=embedded", "--cfg", "job"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "size: 5" in out.stdout
+    assert "name: embedded" in out.stdout
     probe = subprocess.run([sys.executable, "-c", "import marl_cli; print(marl_cli.__file__)"], cwd=tmp_path,
                            env=env, capture_output=True, text=True)
     assert probe.stdout.strip().startswith(str(site))

@@ -16,7 +16,7 @@ def grid_from(rows: list[str]) -> Grid:
 
 
 def make_env(**kw) -> PlanPathEnv:
-    return PlanPathEnv(PlanPathConfig(**{"shaping": False, **kw}))
+    return PlanPathEnv(PlanPathConfig(**{"shaping": False, "stop_at_goal": False, **kw}))
 
 
 def play(env: PlanPathEnv, grid: Grid, action: str | None):
@@ -52,8 +52,19 @@ def test_wall_is_invalid():
     assert t.reward == pytest.approx(-0.01 - 0.1 - 1.0)
 
 
-def test_moves_after_goal_are_ignored():
-    t = play(make_env(), GRID, "D D R R U U")
+def test_plan_must_end_on_the_goal():
+    t = play(make_env(), GRID, "D D R R U")  # U from the goal hits the wall at (1, 2): the plan ends there
+    assert t.success and t.info["invalid_moves"] == 1
+    t = play(make_env(), GRID, "D D R R L")  # walks on past the goal
+    assert not t.success and t.state.pos == (2, 1)
+    assert t.reward == pytest.approx(5 * -0.01 - 1.0)
+    t = play(make_env(), GRID, "D D R R L R")  # leaves and comes back: success, but not a shortest plan
+    assert t.success and t.reward == pytest.approx(6 * -0.01 + 1.0)
+
+
+def test_stop_at_goal_ignores_later_moves():
+    assert PlanPathConfig().stop_at_goal  # the paper's rule is the default
+    t = play(make_env(stop_at_goal=True), GRID, "D D R R L L")
     assert t.success and t.state.pos == (2, 2)
     assert t.reward == pytest.approx(4 * -0.01 + 1.5)
 

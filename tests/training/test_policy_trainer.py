@@ -58,6 +58,15 @@ def test_positive_advantage_raises_its_likelihood(policy, tmp_path):
     assert after[0] > before[0] and after[1] < before[1]
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo"])
+def test_every_loss_type_trains(policy, tmp_path, loss_type):
+    t = _trainer(policy, tmp_path, loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else None)
+    before = policy.model.model.embed_tokens.weight.clone()
+    stats = t.update(_rows([1.0, -1.0, 0.5]), random.Random(0))
+    assert stats["loss"] == stats["loss"] and stats["grad_norm"] > 0
+    assert not torch.equal(before, policy.model.model.embed_tokens.weight)
+
+
 def test_filtered_rows_are_not_trained(policy, tmp_path):
     t = _trainer(policy, tmp_path)
     rows = _rows([1.0, -1.0])
@@ -85,6 +94,7 @@ def test_collate_pads_prompts_left_and_completions_right():
     assert batch["completion_ids"].tolist() == [[20, 21, 0], [20, 21, 1], [20, 0, 0]]
     assert batch["completion_mask"].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0]]
     assert batch["advantages"].tolist() == [0.5, 0.0, -0.5]
+    assert batch["num_items_in_batch"].item() == 6
 
 
 def test_role_map():
