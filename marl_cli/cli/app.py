@@ -10,8 +10,10 @@ from marl_cli.config.schema import register_configs
 from marl_cli.config.validate import check_overrides
 
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
-VALUE_FLAGS = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
-               "--config-dir", "--experimental-rerun", "-i", "--info"}
+"""Flags that only print something; no run starts, so overrides are left to Hydra."""
+VALUE_FLAGS = {"-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+               "--experimental-rerun"}
+"""Flags of a run whose next argument is their value, not an override."""
 
 
 def overrides_in(args: list[str]) -> list[str]:
@@ -21,7 +23,7 @@ def overrides_in(args: list[str]) -> list[str]:
         if skip:
             skip = False
         elif arg in VALUE_FLAGS:
-            skip = arg not in {"-c", "--cfg", "-i", "--info"}
+            skip = True
         elif not arg.startswith("-"):
             out.append(arg)
     return out
