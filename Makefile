@@ -26,7 +26,10 @@ test-all: $(STAMP)
 	$(BIN)/pytest -q -m "slow or not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check marl_cli tests
+	$(BIN)/ruff check marl_cli tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py --out bench/report.json
 
 clean:
 	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache
