@@ -23,18 +23,35 @@ def test_zero_variance_group_is_zero():
     assert group_advantages([0.5, 0.5, 0.5], [0, 0, 0]) == [0.0, 0.0, 0.0]
 
 
-def test_matches_trl_group_normalisation():
-    """TRL's GRPOTrainer: A = (r − mean_g) / (nanstd_g + 1e-4) over consecutive groups of G."""
-    from trl.trainer.utils import nanstd
+def test_matches_trl_group_normalisation(tmp_path):
+    """TRL's GRPOTrainer scores completions and normalises rewards itself; ours must agree (TRL's ε is 1e-4)."""
+    from datasets import Dataset
+    from omegaconf import OmegaConf
+    from trl import GRPOConfig, GRPOTrainer
+
+    from marl_cli.config.schema import ModelConfig
+    from marl_cli.policies.regime import build_policies
+    from tests.policies.test_tiny import SMALL
 
     g = 4
-    rewards = torch.tensor([0.1, 0.9, -1.0, 2.0, 3.0, 3.0, 1.0, 0.0, 5.0, -2.0, 0.3, 0.3])
-    grouped = rewards.view(-1, g)
-    mean = torch.nanmean(grouped, dim=1).repeat_interleave(g)
-    std = nanstd(grouped, dim=1).repeat_interleave(g)
-    trl_adv = (rewards - mean) / (std + 1e-4)
-    ours = group_advantages(rewards.tolist(), [i // g for i in range(len(rewards))], eps=1e-4)
-    assert ours == pytest.approx(trl_adv.tolist(), abs=1e-5)
+    rewards = [0.1, 0.9, -1.0, 2.0, 3.0, 3.0, 1.0, 0.0]
+    policy = build_policies({"a": "p"}, OmegaConf.structured(ModelConfig(tiny=SMALL)), 0, tmp_path,
+                            torch.device("cpu"))["p"]
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), num_generations=g, per_device_train_batch_size=len(rewards),
+                      max_completion_length=4, use_cpu=True, report_to="none", gradient_checkpointing=False)
+
+    def given_reward(prompts, completions, r, **kwargs):
+        return r
+
+    trainer = GRPOTrainer(model=policy.model, args=args, processing_class=policy.tokenizer,
+                          reward_funcs=[given_reward], train_dataset=Dataset.from_dict({"prompt": ["x"], "r": [0.0]}))
+    trainer.model.train()
+    inputs = [{"prompt": f"task {i // g}", "r": r} for i, r in enumerate(rewards)]
+    trl_adv = trainer._generate_and_score_completions(inputs)["advantages"].tolist()
+    ours = group_advantages(rewards, [i // g for i in range(len(rewards))], eps=1e-4)
+    assert ours == pytest.approx(trl_adv, abs=1e-5)
+    # by hand, group 2 = [3, 3, 1, 0]: mean 1.75, unbiased std 1.5
+    assert ours[4:] == pytest.approx([1.25 / 1.5001, 1.25 / 1.5001, -0.75 / 1.5001, -1.75 / 1.5001])
 
 
 def _sample(task, turn, role, reward):
