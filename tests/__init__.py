@@ -1,0 +1,1 @@
+"""marl test suite: tests mirror the package layout and never touch the network."""

@@ -1,0 +1,1 @@
+"""Typed config schemas, config location, and one-line validation of command-line overrides."""
