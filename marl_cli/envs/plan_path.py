@@ -156,7 +156,7 @@ class PlanPathEnv(Env):
         grid, pos = state.grid, state.pos
         dist = distances_to(grid, grid.goal)
         optimal = dist.get(grid.start)
-        reward, invalid, made, success = 0.0, 0, state.moves_made, False
+        reward, invalid, made = 0.0, 0, state.moves_made
         for move in moves[: self.max_moves]:
             dr, dc = MOVES[move]
             nxt = (pos[0] + dr, pos[1] + dc)
