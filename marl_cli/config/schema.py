@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -350,6 +350,18 @@ class StoreConfig:
 
 
 @dataclass
+class ReportConfig:
+    """Where ``marl report`` files this run: its table, row and column, and the paper's number for that cell."""
+
+    table: str | None = None  # the table the cell belongs to (a paper's table, or a toy table); None: "runs"
+    method: str | None = None  # row label; None: derived from workflow, algorithm and policy regime
+    benchmark: str | None = None  # column label; None: the env name
+    paper: float | None = None  # the paper's number for this cell (accuracy %), shown beside ours with the difference
+    source: str | None = None  # where the paper's number is from
+    before_method: str | None = None  # also file the run's starting point (eval_before) as this row
+
+
+@dataclass
 class TrainSchema:
     """The root of ``conf/train.yaml``."""
 
@@ -363,10 +375,38 @@ class TrainSchema:
     logger: Any = MISSING
     store: Any = MISSING
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     name: str = "default"
     seed: int = 0
     device: str = "auto"
     progress: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """``marl eval``: how the held-out tasks (the env's eval split, ``env.eval_size`` of them) are played."""
+
+    samples: int = 1  # episodes per task (n); pass@k needs n >= k
+    temperature: float = 0.0  # 0: greedy (then samples must be 1)
+    pass_k: list[int] = field(default_factory=lambda: [1])  # k values reported as eval/pass@k (unbiased estimator)
+
+
+@dataclass
+class EvalSchema(TrainSchema):
+    """The root of ``conf/eval.yaml``: a training config (so every experiment composes) plus what to load."""
+
+    load: str | None = None  # a run dir (its latest checkpoint) or a checkpoint dir; None: the model as configured
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+@dataclass
+class ReportSchema:
+    """The root of ``conf/report.yaml``: which runs ``marl report`` tabulates and what it writes."""
+
+    runs: list[str] = field(default_factory=list)  # run dirs, sweep dirs (searched for run dirs) or globs of them
+    metric: str = "success"  # the cell value: eval/<metric> at the end of each run, in percent
+    plot: bool = False  # also write PNG training curves (reward and success per agent over steps)
+    digits: int = 1  # decimals shown in the Markdown table
 
 
 SCHEMAS: dict[str, dict[str, type]] = {
@@ -383,10 +423,18 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+def job_dir(overrides: str, seed: int) -> str:
+    """A multirun job's dir under the sweep dir: ``<its overrides but the seed>/seed=<seed>``."""
+    return f"{overrides or 'defaults'}/seed={seed}"
+
+
 def register_configs() -> None:
-    """Register the root schema and every group schema as ``<group>/base_<name>``."""
+    """Register the root schemas, every group schema as ``<group>/base_<name>``, and the ``marl_job_dir`` resolver."""
+    OmegaConf.register_new_resolver("marl_job_dir", job_dir, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainSchema)
+    cs.store(name="eval_schema", node=EvalSchema)
+    cs.store(name="report_schema", node=ReportSchema)
     for group, schemas in SCHEMAS.items():
         for name, node in schemas.items():
             cs.store(group=group, name=f"base_{name}", node=node)

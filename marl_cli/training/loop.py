@@ -221,7 +221,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     routing = dict.fromkeys(role_map, LORA_BASE) if lora else role_map  # lora: the base serves until adapters attach
 
     summary_path = run_dir / "summary.json"
-    summary: dict[str, Any] = {"status": "running", "name": cfg.name, "run_dir": str(run_dir), "env": cfg.env.name,
+    summary: dict[str, Any] = {"status": "running", "command": "train", "name": cfg.name, "run_dir": str(run_dir), "env": cfg.env.name,
                                "workflow": cfg.workflow.name, "algorithm": cfg.algorithm.name,
                                "regime": cfg.policy.name, "trainer_role": cfg.trainer.role, "steps": 0,
                                "total_steps": cfg.trainer.steps, "policies": {n: p.roles for n, p in policies.items()}}

@@ -30,6 +30,8 @@ def test_every_group_option_composes(group, option):
     overrides = [f"{group}={option}"]
     if (group, option) == ("model", "hf"):
         overrides.append("model.name_or_path=some/model")
+    if (group, option) == ("dry_run", "cpu_embedded"):
+        overrides.append("env=math")
     cfg = _compose(overrides)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
