@@ -29,7 +29,9 @@ from marl_cli.policies.regime import LORA_BASE, assign_roles, attach_adapters, b
 from marl_cli.rollout.engine import run_episodes
 from marl_cli.rollout.generation import HFGenerator
 from marl_cli.store import SQLiteStore
-from marl_cli.training.loop import advantages, build_team, evaluate, sampling_from
+from marl_cli.training.build import build_team, sampling_from
+from marl_cli.training.evaluation import evaluate
+from marl_cli.training.loop import advantages
 from marl_cli.training.policy_trainer import PolicyTrainer
 
 

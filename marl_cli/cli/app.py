@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import register_configs
@@ -44,3 +49,17 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
             fail(command, str(exc))
     sys.argv = [f"marl-{command}", *args]
     hydra_main()
+
+
+def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg: DictConfig) -> float | None:
+    """Run ``job`` (train or eval) in Hydra's run dir; return its final eval success (what sweepers optimise)."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        summary = job(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except ConfigError as exc:
+        fail(command, str(exc))
+    return summary.get("eval/success")

@@ -6,7 +6,9 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("marl_cli.cli.train", "train agents with GRPO (a Hydra app over conf/train.yaml)"),
+    "train": ("marl_cli.cli.train", "train agents with GRPO, AT-GRPO or M-GRPO (a Hydra app over conf/train.yaml)"),
+    "eval": ("marl_cli.cli.eval", "evaluate a run, a checkpoint or a model on held-out tasks (conf/eval.yaml)"),
+    "report": ("marl_cli.cli.report", "tabulate run dirs beside paper numbers (Markdown, CSV; --plot for curves)"),
 }
 
 USAGE = "usage: marl <command> [hydra overrides and flags]\n\ncommands:\n" + "\n".join(

@@ -27,50 +27,23 @@ from tqdm import tqdm
 from marl_cli.algorithms.grpo import assign_advantages
 from marl_cli.algorithms.mgrpo import mgrpo_advantages
 from marl_cli.config.errors import ConfigError
-from marl_cli.envs import ENVS, build_env
 from marl_cli.policies.regime import LORA_BASE, Policy, assign_roles, attach_adapters, build_policies
 from marl_cli.rollout.engine import rollout_metrics, row_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
-from marl_cli.sandbox import Sandbox
 from marl_cli.store import build_store
 from marl_cli.tracking.tracker import Tracker, write_json
+from marl_cli.training.build import build_team, resolve_device, sampling_from
 from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from marl_cli.training.decoupled import Exchange, check_decoupled
+from marl_cli.training.evaluation import evaluate
 from marl_cli.training.policy_trainer import PolicyTrainer
 from marl_cli.training.warmstart import warm_start
-from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
 ALGORITHMS = ("grpo", "at_grpo", "m_grpo")
 BACKENDS = ("hf",)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but no CUDA device is visible; use device=cpu or device=auto")
-    return torch.device(name)
-
-
-def sampling_from(rollout: Any, model_cfg: Any, temperature: float) -> Sampling:
-    return Sampling(temperature=temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                    max_new_tokens=rollout.max_new_tokens, max_prompt_length=rollout.max_prompt_length,
-                    batch_size=rollout.batch_size, use_chat_template=model_cfg.use_chat_template)
-
-
-def evaluate(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str], size: int,
-             sampling: Sampling, generator: HFGenerator, prefix: str = "eval") -> dict[str, float]:
-    """Success and per-agent metrics of one episode on each of the first ``size`` held-out tasks."""
-    tasks = [workflow.env.task("eval", i) for i in range(size)]
-    result = run_episodes(workflow, policies, role_map, tasks, 1, sampling, generator)
-    metrics = rollout_metrics(result, prefix)
-    metrics.pop(f"{prefix}/generate_calls")
-    metrics[f"{prefix}/tasks"] = float(size)
-    metrics[f"{prefix}/{workflow.env.cfg.name}/success"] = metrics[f"{prefix}/success"]
-    return metrics
 
 
 def advantages(samples: list[Sample], algorithm: Any, rng: random.Random,
@@ -177,14 +150,6 @@ def initial_policies(checkpoint: Path, names: set[str], lora: bool) -> dict[str,
     return {name: str(checkpoint / "policies" / name) for name in names}
 
 
-def build_team(cfg: DictConfig) -> Workflow:
-    """The workflow over its environment, with a sandbox when either executes model-written code."""
-    runs_code = any(getattr(registry.get(name), "runs_code", False)
-                    for registry, name in ((ENVS, cfg.env.name), (WORKFLOWS, cfg.workflow.name)))
-    sandbox = Sandbox(cfg.sandbox) if runs_code else None
-    return build_workflow(cfg.workflow, build_env(cfg.env, cfg.seed, sandbox))
-
-
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Run (or resume) one training run; return its summary (also written to ``summary.json``)."""
     _check(cfg)
@@ -221,7 +186,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     routing = dict.fromkeys(role_map, LORA_BASE) if lora else role_map  # lora: the base serves until adapters attach
 
     summary_path = run_dir / "summary.json"
-    summary: dict[str, Any] = {"status": "running", "command": "train", "name": cfg.name, "run_dir": str(run_dir), "env": cfg.env.name,
+    summary: dict[str, Any] = {"status": "running", "command": "train", "name": cfg.name, "run_dir": str(run_dir),
+                               "env": cfg.env.name,
                                "workflow": cfg.workflow.name, "algorithm": cfg.algorithm.name,
                                "regime": cfg.policy.name, "trainer_role": cfg.trainer.role, "steps": 0,
                                "total_steps": cfg.trainer.steps, "policies": {n: p.roles for n, p in policies.items()}}

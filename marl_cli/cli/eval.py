@@ -1,0 +1,21 @@
+"""``marl eval``: the Hydra app over ``conf/eval.yaml``."""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from marl_cli.cli.app import run_app, run_job
+from marl_cli.config.paths import config_dir
+
+
+@hydra.main(config_path=str(config_dir()), config_name="eval", version_base="1.3")
+def eval_app(cfg: DictConfig) -> float | None:
+    """Evaluate in Hydra's run dir; return the success rate (the metric sweepers optimise)."""
+    from marl_cli.training.evaluation import run_evaluation
+
+    return run_job("eval", run_evaluation, cfg)
+
+
+def run(args: list[str]) -> None:
+    run_app("eval", "eval", eval_app, args)

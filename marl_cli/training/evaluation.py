@@ -1,0 +1,171 @@
+"""Evaluation on an environment's held-out tasks: the periodic eval of training and ``marl eval``.
+
+``evaluate`` plays each of the first ``size`` eval tasks ``samples`` times (one greedy episode, or n
+sampled ones) and reports success (the mean over every episode, i.e. pass@1), pass@k with the
+unbiased estimator 1 − C(n−c, k)/C(n, k) per task, and per-agent metrics. ``run_evaluation`` is the
+``marl eval`` app: it loads the policies a run or checkpoint saved (or the model as configured),
+evaluates them with the configured workflow, and writes ``summary.json`` in its own run dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import defaultdict
+from math import comb
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.policies.regime import LORA_BASE, Policy, assign_roles, attach_adapters, build_policies
+from marl_cli.rollout.engine import rollout_metrics, run_episodes
+from marl_cli.rollout.generation import HFGenerator, Sampling
+from marl_cli.tracking.tracker import Tracker, write_json
+from marl_cli.training.build import build_team, resolve_device, sampling_from
+from marl_cli.training.checkpoint import latest_checkpoint
+from marl_cli.workflows.base import Workflow
+
+log = logging.getLogger(__name__)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of k of the n samples (c of them correct) is correct, drawn without replacement."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def evaluate(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str], size: int,
+             sampling: Sampling, generator: HFGenerator, prefix: str = "eval", samples: int = 1,
+             pass_k: tuple[int, ...] = ()) -> dict[str, float]:
+    """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``size`` eval tasks."""
+    tasks = [workflow.env.task("eval", i) for i in range(size)]
+    result = run_episodes(workflow, policies, role_map, tasks, samples, sampling, generator)
+    metrics = rollout_metrics(result, prefix)
+    metrics.pop(f"{prefix}/generate_calls")
+    metrics[f"{prefix}/tasks"] = float(size)
+    metrics[f"{prefix}/{workflow.env.cfg.name}/success"] = metrics[f"{prefix}/success"]
+    if pass_k:
+        correct: dict[int, int] = defaultdict(int)
+        for ep in result.episodes:
+            correct[ep.task] += int(ep.success)
+        for k in pass_k:
+            metrics[f"{prefix}/pass@{k}"] = sum(pass_at_k(samples, correct[t], k) for t in range(size)) / size
+    return metrics
+
+
+def resolve_load(load: str) -> tuple[Path, Path]:
+    """The run dir and checkpoint dir that ``load`` (a run dir or ``<run>/checkpoints/step_N``) names."""
+    path = Path(load).expanduser().resolve()
+    if (path / "state.pt").exists() and path.parent.name == "checkpoints":
+        return path.parents[1], path
+    if not path.exists():
+        raise ConfigError(f"load={load}: no such run or checkpoint directory")
+    try:
+        return path, latest_checkpoint(path)
+    except ConfigError as exc:
+        raise ConfigError(f"load={load}: not a checkpoint (<run>/checkpoints/step_N) nor a run dir with one") from exc
+
+
+def saved_policies(checkpoint: Path) -> dict[str, Path]:
+    """The policies a checkpoint holds, by name."""
+    return {p.name: p for p in sorted((checkpoint / "policies").iterdir()) if p.is_dir()}
+
+
+def load_policies(cfg: DictConfig, role_map: dict[str, str], run_dir: Path, checkpoint: Path,
+                  device: torch.device, workdir: Path) -> dict[str, Policy]:
+    """The eval's policies from a checkpoint: each by its name, or every one from a checkpoint's only policy.
+
+    LoRA checkpoints (adapters only) load onto the run's saved base and need ``policy=lora_per_role``.
+    """
+    saved = saved_policies(checkpoint)
+    adapters = {n for n, p in saved.items() if not (p / "config.json").exists()}
+    wanted = set(role_map.values())
+    if adapters:
+        if cfg.policy.name != "lora_per_role":
+            raise ConfigError(f"load={checkpoint} holds LoRA adapters ({', '.join(sorted(adapters))}); "
+                              "evaluate it with policy=lora_per_role (and the run's policy.lora_* settings)")
+        base = build_policies(role_map, cfg.model, cfg.seed, workdir, device, {LORA_BASE: str(run_dir / LORA_BASE)},
+                              "lora_per_role")[LORA_BASE]
+        missing = sorted(wanted - set(saved))
+        if missing:
+            raise ConfigError(f"load={checkpoint}: no adapter for policies {missing}; it has {sorted(saved)}")
+        return attach_adapters(base, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})
+    if cfg.policy.name == "lora_per_role":
+        raise ConfigError(f"load={checkpoint} holds full models; evaluate it with policy=shared or policy=per_role")
+    if len(saved) == 1:
+        only = str(next(iter(saved.values())))
+        sources = dict.fromkeys(wanted, only)
+    else:
+        missing = sorted(wanted - set(saved))
+        if missing:
+            raise ConfigError(f"load={checkpoint}: no saved model for policies {missing}; it has {sorted(saved)} "
+                              "(map roles to them with +policy.assignment.<role>=<policy>)")
+        sources = {n: str(saved[n]) for n in wanted}
+    return build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name)
+
+
+def check_eval(cfg: DictConfig) -> tuple[int, ...]:
+    """The pass@k values to report, after checking the sampling settings agree with them."""
+    samples, pass_k = cfg.eval.samples, tuple(cfg.eval.pass_k)
+    if samples < 1:
+        raise ConfigError(f"eval.samples must be at least 1, got {samples}")
+    if cfg.eval.temperature < 0:
+        raise ConfigError(f"eval.temperature must be non-negative, got {cfg.eval.temperature}")
+    if cfg.eval.temperature == 0 and samples > 1:
+        raise ConfigError(f"eval.samples={samples} with eval.temperature=0 repeats one greedy episode; "
+                          "set eval.temperature>0 to sample")
+    bad = [k for k in pass_k if not 1 <= k <= samples]
+    if bad:
+        raise ConfigError(f"eval.pass_k={list(pass_k)}: every k must be between 1 and eval.samples={samples}")
+    if cfg.env.eval_size < 1:
+        raise ConfigError(f"env.eval_size must be at least 1, got {cfg.env.eval_size}")
+    return pass_k
+
+
+def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """``marl eval``: evaluate the loaded (or configured) policies; return the summary (also ``summary.json``)."""
+    pass_k = check_eval(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    workflow = build_team(cfg)
+    role_map = assign_roles(cfg.policy, workflow.roles)
+    summary: dict[str, Any] = {"status": "running", "command": "eval", "name": cfg.name, "run_dir": str(run_dir),
+                               "env": cfg.env.name, "workflow": cfg.workflow.name, "regime": cfg.policy.name,
+                               "load": None, "samples": cfg.eval.samples, "temperature": cfg.eval.temperature}
+    if cfg.load:
+        loaded_run, checkpoint = resolve_load(cfg.load)
+        policies = load_policies(cfg, role_map, loaded_run, checkpoint, device, run_dir)
+        summary.update(load=str(checkpoint), loaded_run=str(loaded_run), loaded_step=int(checkpoint.name[5:]))
+        saved_cfg = loaded_run / ".hydra" / "config.yaml"
+        if saved_cfg.exists():
+            summary["loaded_name"] = OmegaConf.load(saved_cfg).get("name")
+    else:
+        if cfg.policy.name == "lora_per_role":
+            raise ConfigError("policy=lora_per_role without load= has no adapters to evaluate; "
+                              "evaluate the base model with policy=shared")
+        policies = build_policies(role_map, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name)
+    summary["policies"] = {n: p.roles for n, p in policies.items()}
+    write_json(run_dir / "summary.json", summary)
+    tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), f"{cfg.name}-eval-{run_dir.name}")
+    sampling = sampling_from(cfg.rollout, cfg.model, cfg.eval.temperature)
+    try:
+        metrics = evaluate(workflow, policies, role_map, cfg.env.eval_size, sampling, HFGenerator(), "eval",
+                           cfg.eval.samples, pass_k)
+        tracker.log(0, metrics)
+        summary.update(metrics, status="completed")
+        shown = ", ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in
+                          ["eval/success", *(f"eval/pass@{k}" for k in pass_k)])
+        log.info("eval on %d %s tasks (%s): %s", cfg.env.eval_size, cfg.env.name, cfg.workflow.name, shown)
+    except Exception as exc:
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        write_json(run_dir / "summary.json", summary)
+        tracker.finish(summary)
+    return summary
