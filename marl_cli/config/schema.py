@@ -6,6 +6,7 @@ Each group YAML in ``conf/`` starts its defaults list with the schema registered
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -423,9 +424,16 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
-def job_dir(overrides: str, seed: int) -> str:
-    """A multirun job's dir under the sweep dir: ``<its overrides but the seed>/seed=<seed>``."""
-    return f"{overrides or 'defaults'}/seed={seed}"
+def job_dir(overrides: str, seed: int, max_chars: int = 120) -> str:
+    """A multirun job's dir under the sweep dir: ``<its overrides but the seed>/seed=<seed>``.
+
+    Slashes in values become ``_`` (one dir per job); a name over ``max_chars`` is cut and ends with a
+    hash of the whole, so long override lists stay valid, distinct file names.
+    """
+    name = (overrides or "defaults").replace("/", "_")
+    if len(name) > max_chars:
+        name = f"{name[:max_chars - 9]}~{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return f"{name}/seed={seed}"
 
 
 def register_configs() -> None:
