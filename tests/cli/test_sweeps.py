@@ -13,7 +13,8 @@ from tests.helpers import FAST, marl
 register_configs()
 QUICK = [o for o in FAST if not o.startswith("trainer.learning_rate=")] + ["trainer.steps=1", "env.eval_size=3"]
 """FAST without a fixed learning rate (a command-line value would pin the parameter Optuna searches)."""
-UNNAMED = "hydra.job.config.override_dirname.exclude_keys=[seed,hparams_search," + ",".join(o.split("=")[0] for o in QUICK) + "]"
+UNNAMED = ("hydra.job.config.override_dirname.exclude_keys=[seed,hparams_search,"
+           + ",".join(o.split("=")[0] for o in QUICK) + "]")
 """Leaves the fixed test settings out of job dir names, so they show only what the sweep varies."""
 
 
