@@ -15,6 +15,19 @@ def _jsonable(value: Any) -> Any:
     return float(value) if hasattr(value, "item") else value
 
 
+SECRET_KEYS = ("api_key", "password", "token")
+"""Config keys whose values never leave the machine (W&B gets ``***``)."""
+
+
+def redacted(config: Any) -> Any:
+    """``config`` (plain dicts and lists) with the values of secret keys replaced by ``***`` when set."""
+    if isinstance(config, dict):
+        return {k: "***" if k in SECRET_KEYS and v else redacted(v) for k, v in config.items()}
+    if isinstance(config, list):
+        return [redacted(v) for v in config]
+    return config
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` atomically (a crash never leaves a half-written file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -45,7 +58,7 @@ class Tracker:
     Args:
         run_dir: the run directory.
         logger_cfg: the ``logger`` config (``name`` is ``wandb`` or ``none``).
-        config: the resolved run config, stored with the W&B run.
+        config: the resolved run config, stored with the W&B run (secret values redacted).
         run_name: the W&B run name.
     """
 
@@ -57,7 +70,7 @@ class Tracker:
 
             os.environ.setdefault("WANDB_SILENT", "true")
             self.wandb = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=run_name,
-                                    dir=str(run_dir), config=config, mode=wandb_mode(logger_cfg.mode),
+                                    dir=str(run_dir), config=redacted(config), mode=wandb_mode(logger_cfg.mode),
                                     tags=list(logger_cfg.tags), resume="allow",
                                     id=_wandb_id(run_dir))
         elif logger_cfg.name != "none":

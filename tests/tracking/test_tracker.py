@@ -37,3 +37,12 @@ def test_write_json_is_atomic(tmp_path):
     write_json(path, {"status": "completed"})
     assert json.loads(path.read_text()) == {"status": "completed"}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_secrets_never_reach_the_wandb_config():
+    from marl_cli.tracking.tracker import redacted
+
+    config = {"env": {"web": {"api_key": "sk-123", "url": "u"}}, "store": {"password": "pw", "port": 1},
+              "list": [{"token": "t"}], "empty": {"password": ""}}
+    assert redacted(config) == {"env": {"web": {"api_key": "***", "url": "u"}}, "store": {"password": "***", "port": 1},
+                                "list": [{"token": "***"}], "empty": {"password": ""}}
