@@ -34,13 +34,14 @@ WEIGHTS = "weights"
 KEEP_VERSIONS = 3
 
 
-def check_decoupled(cfg: Any, role_map: dict[str, str]) -> None:
-    """Decoupled trainers need M-GRPO and the sub roles on their own full models."""
+def check_decoupled(cfg: Any, role_map: dict[str, str]) -> list[str]:
+    """The sub roles a decoupled trainer exchanges (none for ``trainer.role=all``), after checking the setup:
+    decoupled trainers need M-GRPO and the sub roles on their own full model."""
     role = cfg.trainer.role
     if role not in ROLES:
         raise ConfigError(f"trainer.role={role!r} is unknown; choose from: {', '.join(ROLES)}")
     if role == "all":
-        return
+        return []
     if cfg.algorithm.name != "m_grpo":
         raise ConfigError(f"trainer.role={role} runs decoupled M-GRPO trainers; it needs algorithm=m_grpo")
     subs = [r for r in cfg.algorithm.aligned_roles if r in role_map]
@@ -50,6 +51,7 @@ def check_decoupled(cfg: Any, role_map: dict[str, str]) -> None:
     if cfg.policy.name == "lora_per_role" or {role_map[r] for r in subs} & {p for r, p in role_map.items()
                                                                           if r not in subs}:
         raise ConfigError(f"trainer.role={role}: the sub-agent must have its own full model (policy=per_role)")
+    return subs
 
 
 def to_item(rows: list[Sample]) -> dict[str, Any]:
@@ -63,18 +65,32 @@ def from_item(item: dict[str, Any]) -> list[Sample]:
 class Exchange:
     """One decoupled trainer's side of the store: what main writes and sub reads, and the weights between them."""
 
-    def __init__(self, store: Store, cfg: Any, run_dir: Path, sub_roles: list[str]):
+    def __init__(self, store: Store, cfg: Any, run_dir: Path, sub_roles: list[str], sub_policy: str):
         self.store = store
         self.role = cfg.trainer.role
         self.sync = cfg.trainer.sync
+        self.namespace = cfg.store.namespace
         self.poll_s = cfg.store.poll_s
         self.timeout_s = cfg.store.timeout_s
         self.run_dir = run_dir
         self.sub_roles = sub_roles
+        self.sub_policy = sub_policy  # the name of the policy the sub roles act through
         self.loaded = -1  # main: the weights version its sub policy holds
 
-    def publish(self, version: int, policy: Policy) -> None:
-        """Save ``policy`` as weights ``version`` and announce it (older versions beyond a few are removed)."""
+    def start(self, policies: dict[str, Policy]) -> None:
+        """A fresh (not resumed) trainer's first contact: main claims the namespace and publishes the sub
+        policy it starts with as version 0; sub waits for that version and starts from it."""
+        if self.role == "main":
+            if self.store.get(WEIGHTS) is not None:
+                raise ConfigError(f"store namespace {self.namespace!r} already holds a run; start a new one under "
+                                  "another store.namespace=... (both trainers must use it)")
+            self.publish(0, policies)
+        else:
+            self.refresh(policies, 0, wait=True)
+
+    def publish(self, version: int, policies: dict[str, Policy]) -> None:
+        """Save the sub policy as weights ``version`` and announce it (older versions beyond a few are removed)."""
+        policy = policies[self.sub_policy]
         root = self.run_dir / "published"
         final = root / f"v{version:06d}"
         tmp = final.with_name(final.name + ".tmp")
@@ -86,16 +102,16 @@ class Exchange:
         for old in sorted(root.glob("v*"))[:-KEEP_VERSIONS]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def refresh(self, policy: Policy, version: int, wait: bool | None = None) -> dict[str, float]:
-        """Load the newest sub weights into ``policy``; when waiting (default: ``sync``) first until they reach
-        ``version``."""
+    def refresh(self, policies: dict[str, Policy], version: int, wait: bool | None = None) -> dict[str, float]:
+        """Load the newest published weights into the sub policy; when waiting (default: ``sync``) first until
+        they reach ``version``."""
         if self.sync if wait is None else wait:
             record = self.store.wait(WEIGHTS, lambda r: r["version"] >= version, self.poll_s, self.timeout_s,
                                      f"sub-agent weights of version {version} or newer")
         else:
             record = self.store.get(WEIGHTS) or {"version": self.loaded, "path": ""}
         if record["version"] > self.loaded:
-            policy.load_weights(Path(record["path"]))
+            policies[self.sub_policy].load_weights(Path(record["path"]))
             self.loaded = record["version"]
         return {"store/sub_weights_version": float(self.loaded), "store/lag_steps": float(version - self.loaded)}
 

@@ -85,8 +85,7 @@ def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, 
         metrics.update(row_metrics(samples, "train"))
     else:
         if exchange is not None:
-            sub_policy = policies[role_map[exchange.sub_roles[0]]]
-            metrics.update(exchange.refresh(sub_policy, step - 1))
+            metrics.update(exchange.refresh(policies, step - 1))
         per_step = cfg.rollout.tasks_per_step
         tasks = [workflow.env.task("train", (step - 1) * per_step + j) for j in range(per_step)]
         result = run_episodes(workflow, policies, role_map, tasks, cfg.algorithm.num_generations, sampling,
@@ -98,7 +97,7 @@ def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, 
     t_rollout = time.perf_counter() - t0
     metrics.update(update_policies(samples, cfg, trainers, trained_roles, rng, rollouts))
     if exchange is not None and exchange.role == "sub":
-        exchange.publish(step, policies[role_map[exchange.sub_roles[0]]])
+        exchange.publish(step, policies)
     metrics["time/rollout_s"] = t_rollout
     metrics["time/step_s"] = time.perf_counter() - t0
     return metrics
@@ -167,12 +166,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if workflow.trajectory_rewards and cfg.algorithm.name != "m_grpo":
         raise ConfigError(f"workflow={cfg.workflow.name} rewards whole trajectories; train it with algorithm=m_grpo")
     role_map = assign_roles(cfg.policy, workflow.roles)
-    check_decoupled(cfg, role_map)
+    sub_roles = check_decoupled(cfg, role_map)
     trained_roles = trained_roles_of(cfg, workflow.roles)
     exchange = None
     if cfg.trainer.role != "all":
-        sub_roles = [r for r in cfg.algorithm.aligned_roles if r in role_map]
-        exchange = Exchange(build_store(cfg.store), cfg, run_dir, sub_roles)
+        exchange = Exchange(build_store(cfg.store), cfg, run_dir, sub_roles, role_map[sub_roles[0]])
     sub_only = cfg.trainer.role == "sub"  # the decoupled sub trainer: no rollouts, no eval, the sub policy only
     owned = {r: p for r, p in role_map.items() if not sub_only or r in exchange.sub_roles}
     lora = cfg.policy.name == "lora_per_role"
@@ -237,15 +235,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                                        saved if checkpoint is not None else None)
             routing = role_map
             summary["policies"] = {n: p.roles for n, p in policies.items()}
-        if exchange is not None:
-            sub_policy = policies[role_map[exchange.sub_roles[0]]]
-            if cfg.trainer.role == "main" and checkpoint is None:
-                if exchange.store.get("weights") is not None:
-                    raise ConfigError(f"store namespace {cfg.store.namespace!r} already holds a run; start a new "
-                                      "one under another store.namespace=... (both trainers must use it)")
-                exchange.publish(0, sub_policy)  # version 0: the sub policy as main starts with it
-            if sub_only and checkpoint is None:  # start from the weights main rolls out with
-                exchange.refresh(sub_policy, 0, wait=True)
+        if exchange is not None and checkpoint is None:
+            exchange.start(policies)
         if checkpoint is None:
             run_eval("eval_before", 0)
         for name, policy in policies.items():
@@ -282,7 +273,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 save(step)
         bar.close()
         if cfg.trainer.role == "main" and cfg.trainer.sync:  # evaluate with the sub policy trained on every step
-            exchange.refresh(policies[role_map[exchange.sub_roles[0]]], step)
+            exchange.refresh(policies, step)
         run_eval("eval", step)
         save(step)
         summary.update(counters if exchange is not None else {})
