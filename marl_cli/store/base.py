@@ -41,10 +41,11 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def ack(self, stream: str, consumer: str, keys: Iterable[str]) -> int:
-        """Mark ``keys`` of ``stream`` as consumed by ``consumer``; returns how many were newly acknowledged.
+    def ack(self, stream: str, consumer: str, keys: Iterable[str] | None = None) -> int:
+        """Mark ``keys`` of ``stream`` (None: every item it holds) as consumed by ``consumer``; returns how many
+        were newly acknowledged.
 
-        Idempotent; keys the stream does not hold are ignored.
+        Idempotent; keys the stream does not hold are ignored. Acknowledging a whole stream moves no item values.
         """
 
     @abstractmethod

@@ -139,8 +139,8 @@ class RedisStore(Store):
         values = self._client.hmget(self._items(stream), todo)
         return [(key, json.loads(value)) for key, value in zip(todo, values, strict=True)]
 
-    def ack(self, stream: str, consumer: str, keys: Iterable[str]) -> int:
-        args = list(keys)
+    def ack(self, stream: str, consumer: str, keys: Iterable[str] | None = None) -> int:
+        args = self._client.lrange(self._order(stream), 0, -1) if keys is None else list(keys)
         if not args:
             return 0
         return int(self._ack(keys=[self._items(stream), self._acked(stream, consumer)], args=args))

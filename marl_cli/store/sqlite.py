@@ -95,14 +95,15 @@ class SQLiteStore(Store):
         )
         return [(key, json.loads(value)) for key, value in rows]
 
-    def ack(self, stream: str, consumer: str, keys: Iterable[str]) -> int:
-        rows = [(consumer, self.namespace, stream, key) for key in keys]
+    def ack(self, stream: str, consumer: str, keys: Iterable[str] | None = None) -> int:
+        insert = ("INSERT OR IGNORE INTO acks (ns, stream, consumer, key)"
+                  " SELECT ns, stream, ?, key FROM items WHERE ns = ? AND stream = ?")
         with self._write() as conn:
-            acked = conn.executemany(
-                "INSERT OR IGNORE INTO acks (ns, stream, consumer, key)"
-                " SELECT ns, stream, ?, key FROM items WHERE ns = ? AND stream = ? AND key = ?",
-                rows,
-            ).rowcount
+            if keys is None:
+                acked = conn.execute(insert, (consumer, self.namespace, stream)).rowcount
+            else:
+                rows = [(consumer, self.namespace, stream, key) for key in keys]
+                acked = conn.executemany(insert + " AND key = ?", rows).rowcount
         return max(acked, 0)
 
     def acked(self, stream: str, consumer: str) -> int:

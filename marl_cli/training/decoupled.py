@@ -156,5 +156,4 @@ class Exchange:
     def acknowledge(self, steps: range) -> None:
         """Sub: mark every item of ``steps`` as consumed (called once a checkpoint holds their update)."""
         for step in steps:
-            stream = f"sub/{step}"
-            self.store.ack(stream, CONSUMER, [key for key, _ in self.store.read(stream, CONSUMER)])
+            self.store.ack(f"sub/{step}", CONSUMER)

@@ -178,6 +178,9 @@ def test_reads_return_what_the_consumer_has_not_acknowledged(backend):
     assert store.ack("other", "sub", ["k0001"]) == 0
     store.put_many("traj", items(5))
     assert [key for key, _ in store.read("traj", "sub")] == ["k0001", "k0003", "k0004", "k0005"]
+    assert store.ack("traj", "sub") == 4  # the whole stream: the rest of it
+    assert store.ack("traj", "sub") == 0 and store.acked("traj", "sub") == 6 and store.read("traj", "sub") == []
+    assert store.ack("empty", "sub") == 0
 
 
 def test_a_restarted_reader_gets_every_item_exactly_once(backend):
