@@ -10,7 +10,7 @@
   and model are set aside (the Qwen3-1.7B and Qwen3-8B twins of a cell; the untrained and trained rows of one
   workflow, since the dry run trains one step either way; benchmarks whose hub data the dry run swaps for the
   same embedded tasks). Those are marked ``slow`` (``make test-all``): they are covered by the composed-config
-  equality with the file that runs in the default suite, which the grouping below computes at collection.
+  equality with a file that runs in the default suite (``DEFAULT_DRY_RUNS``), which a slow test checks.
 """
 
 from __future__ import annotations
@@ -115,16 +115,17 @@ def _dry_run_key(experiment: str) -> str:
     return json.dumps(cfg, sort_keys=True)
 
 
+DEFAULT_DRY_RUNS = [
+    *(f"paper/at_grpo/qwen3_1_7b/{b}/{m}" for b in ("sudoku", "sokoban", "plan_path", "livecodebench", "codecontests",
+                                                   "aime24") for m in ("single", "mas_prompt", "at_grpo_per_role")),
+    *(f"paper/mgrpo/gaia/{r}" for r in MGRPO_ROWS)]
+"""One file per distinct dry-run config, run in the default suite (``test_dry_run_grouping`` checks the choice)."""
+
+
 def _dry_run_params() -> list:
-    """Every leaf, the first of each group of equal dry-run configs in the default suite and the others slow."""
-    first: dict[str, str] = {}
-    params = []
-    for experiment in LEAVES:
-        key = _dry_run_key(experiment)
-        twin = first.setdefault(key, experiment)
-        marks = [] if twin == experiment else [pytest.mark.slow]
-        params.append(pytest.param(experiment, id=experiment.removeprefix("paper/"), marks=marks))
-    return params
+    """Every leaf: those in DEFAULT_DRY_RUNS in the default suite, the others slow."""
+    return [pytest.param(e, id=e.removeprefix("paper/"), marks=[] if e in DEFAULT_DRY_RUNS else [pytest.mark.slow])
+            for e in LEAVES]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,9 +327,11 @@ def test_dry_run_alone_replaces_the_hub_model():
     assert cfg.model.name_or_path is None and cfg.model.dtype == "float32"
 
 
+@pytest.mark.slow
 def test_dry_run_grouping_keeps_one_run_per_distinct_config():
     params = _dry_run_params()
     default = [p.values[0] for p in params if not p.marks]
+    assert default == [e for e in LEAVES if e in DEFAULT_DRY_RUNS]
     assert len(params) == len(LEAVES)
     assert len({_dry_run_key(e) for e in default}) == len(default)  # each runs a distinct config
     assert {_dry_run_key(e) for e in LEAVES} == {_dry_run_key(e) for e in default}  # and every config runs
