@@ -79,8 +79,9 @@ def test_multirun_writes_one_run_per_value(tmp_path):
     sweep = tmp_path / "sweep"
     out = marl("train", "-m", *FAST, "trainer.steps=1,2", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
-    steps = sorted(json.loads((sweep / job / "summary.json").read_text())["steps"] for job in ("0", "1"))
-    assert steps == [1, 2]
+    summaries = sorted(sweep.rglob("summary.json"))
+    assert len({s.parent.parent for s in summaries}) == 2 and all(s.parent.name == "seed=0" for s in summaries)
+    assert sorted(json.loads(s.read_text())["steps"] for s in summaries) == [1, 2]
 
 
 def test_wandb_logger_writes_offline_run(tmp_path):
