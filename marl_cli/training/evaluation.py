@@ -24,7 +24,7 @@ from marl_cli.policies.regime import LORA_BASE, Policy, assign_roles, attach_ada
 from marl_cli.rollout.engine import rollout_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.tracking.tracker import Tracker, write_json
-from marl_cli.training.build import build_team, resolve_device, sampling_from
+from marl_cli.training.build import build_team, check_backend, resolve_device, sampling_from
 from marl_cli.training.checkpoint import latest_checkpoint
 from marl_cli.workflows.base import Workflow
 
@@ -129,6 +129,7 @@ def check_eval(cfg: DictConfig) -> tuple[int, ...]:
 def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """``marl eval``: evaluate the loaded (or configured) policies; return the summary (also ``summary.json``)."""
     pass_k = check_eval(cfg)
+    check_backend(cfg.rollout)
     run_dir.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -33,7 +33,7 @@ from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.tracker import Tracker, write_json
-from marl_cli.training.build import build_team, resolve_device, sampling_from
+from marl_cli.training.build import build_team, check_backend, resolve_device, sampling_from
 from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from marl_cli.training.decoupled import Exchange, check_decoupled
 from marl_cli.training.evaluation import evaluate
@@ -43,7 +43,6 @@ from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
 ALGORITHMS = ("grpo", "at_grpo", "m_grpo")
-BACKENDS = ("hf",)
 
 
 def advantages(samples: list[Sample], algorithm: Any, rng: random.Random,
@@ -123,8 +122,7 @@ def _check(cfg: DictConfig) -> None:
     if cfg.algorithm.name in ("grpo", "m_grpo") and cfg.algorithm.mode != "independent":
         raise ConfigError(f"algorithm={cfg.algorithm.name} samples independent episodes; "
                           "tree rollouts are algorithm=at_grpo")
-    if cfg.rollout.backend not in BACKENDS:
-        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} is unknown; choose from: {', '.join(BACKENDS)}")
+    check_backend(cfg.rollout)
     for key, value in (("algorithm.num_generations", cfg.algorithm.num_generations),
                        ("rollout.tasks_per_step", cfg.rollout.tasks_per_step),
                        ("trainer.mini_batch_size", cfg.trainer.mini_batch_size),

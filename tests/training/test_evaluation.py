@@ -69,6 +69,13 @@ def test_bad_sampling_settings_are_refused(overrides, message):
         check_eval(_cfg(*overrides))
 
 
+def test_an_unknown_backend_is_refused(tmp_path):
+    from marl_cli.training.evaluation import run_evaluation
+
+    with pytest.raises(ConfigError, match="rollout.backend='vllm' is unknown"):
+        run_evaluation(_cfg("rollout.backend=vllm"), tmp_path)
+
+
 def _checkpoint(root: Path, names: list[str], seed: int = 0) -> Path:
     cfg = _cfg()
     ckpt = root / "checkpoints" / "step_000003"
