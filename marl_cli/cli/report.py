@@ -24,9 +24,8 @@ from omegaconf import DictConfig
 
 from marl_cli.cli.app import INFO_FLAGS, VALUE_FLAGS, fail, overrides_in, run_app
 from marl_cli.config.paths import config_dir
-from marl_cli.report.runs import ReportError, discover
+from marl_cli.report.runs import GLOB_CHARS, ReportError, discover
 
-GLOB_CHARS = "*?["
 USAGE = "usage: marl report <run dirs, sweep dirs or globs> [--plot] [metric=<name>] [digits=<n>]"
 
 
@@ -71,7 +70,11 @@ def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
 
 def translate(args: list[str]) -> list[str]:
     """Hydra's arguments for ``marl report`` arguments: paths into ``runs=[...]``, ``--plot`` into ``plot=true``."""
-    paths, rest = split_arguments(args)
+    return hydra_arguments(*split_arguments(args))
+
+
+def hydra_arguments(paths: list[str], rest: list[str]) -> list[str]:
+    """Hydra's arguments from ``split_arguments``' two lists."""
     given = any(o.split("=", 1)[0].lstrip("+~") == "runs" for o in overrides_in(rest))
     if paths and given:
         fail("report", "name runs either as arguments or as runs=[...], not both")
@@ -99,8 +102,8 @@ def report_app(cfg: DictConfig) -> None:
 
 
 def run(args: list[str]) -> None:
-    hydra_args = translate(args)
     paths, rest = split_arguments(args)
+    hydra_args = hydra_arguments(paths, list(rest))
     if paths and not INFO_FLAGS.intersection(rest):
         try:  # fail on a path naming nothing before Hydra makes a run dir for this report
             discover(paths)
