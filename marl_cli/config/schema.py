@@ -299,7 +299,9 @@ class TrainerConfig:
     beta: float = 0.0
     num_iterations: int = 1  # optimisation passes over each step's samples
     mini_batch_size: int = 64  # rows per gradient step
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more compute)
+    log_ref_kl: bool = False  # also with beta=0: keep a frozen reference (the policy at RL start) and log kl_ref
+    log_completions_every: int = 10  # write sample completions per agent to samples.jsonl every N steps; 0: never
     eval_every: int = 0  # 0: evaluate only before and after training
     save_every: int = 0  # 0: checkpoint only at the end
     log_every: int = 1

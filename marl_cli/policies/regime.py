@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.policies.loading import load_model, load_tokenizer, resolve_source
+from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source
 
 REGIMES = ("shared", "per_role", "lora_per_role")
 LORA_BASE = "lora_base"
@@ -39,6 +39,8 @@ class Policy:
     source: str
     roles: list[str] = field(default_factory=list)
     adapter: str | None = None
+    compute_dtype: torch.dtype = torch.float32
+    """The dtype forward passes run in; a bf16/fp16 policy trained by marl keeps fp32 master weights."""
 
     def activate(self) -> None:
         """Route the shared base's forward pass through this policy's adapter (no-op for full models)."""
@@ -85,11 +87,13 @@ def assign_roles(policy_cfg: Any, roles: list[str]) -> dict[str, str]:
 
 def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir: Path,
                    device: torch.device, sources: dict[str, str] | None = None,
-                   regime: str = "shared") -> dict[str, Policy]:
+                   regime: str = "shared", master_weights: bool = False) -> dict[str, Policy]:
     """Load one model per policy name; ``sources`` (e.g. a checkpoint) override where each loads from.
 
     Under ``lora_per_role`` this returns the one base model as a policy named ``base`` serving every
     role (what the warm start trains); ``attach_adapters`` then splits it into per-role adapters.
+    ``master_weights`` (training): a bf16/fp16 ``model.dtype`` loads fp32 weights and computes in that
+    dtype (mixed precision), so small updates are not rounded away.
     """
     base = resolve_source(model_cfg, seed, workdir)
     if regime == "lora_per_role":
@@ -98,8 +102,10 @@ def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir:
     for role, name in role_map.items():
         if name not in policies:
             source = (sources or {}).get(name, base)
-            policies[name] = Policy(name, load_model(source, model_cfg.dtype, device), load_tokenizer(source),
-                                    source)
+            compute = DTYPES.get(model_cfg.dtype)
+            stored = "float32" if master_weights and compute is not None else model_cfg.dtype
+            policies[name] = Policy(name, load_model(source, stored, device), load_tokenizer(source), source,
+                                    compute_dtype=compute)
         policies[name].roles.append(role)
     return policies
 
@@ -126,7 +132,8 @@ def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, wor
         model.add_adapter(name, lora)
     for name, path in (adapters or {}).items():
         set_peft_model_state_dict(model, load_file(str(Path(path) / _ADAPTER_FILE)), adapter_name=name)
-    policies = {name: Policy(name, model, base.tokenizer, str(base_dir), adapter=name) for name in names}
+    policies = {name: Policy(name, model, base.tokenizer, str(base_dir), adapter=name,
+                             compute_dtype=base.compute_dtype) for name in names}
     for role, name in role_map.items():
         policies[name].roles.append(role)
     return policies

@@ -105,7 +105,9 @@ def run_episodes(workflow: Workflow, policies: dict[str, Policy], role_map: dict
                             task=ep.task, branch=c if tree else ep.branch, turn=turn, role=role,
                             policy=role_map[role], prompt_ids=gen.prompt_ids, completion_ids=gen.completion_ids,
                             reward=out.reward, success=out.solved, format_ok=out.format_ok,
-                            info={**out.info, "local": out.local, "team": out.team}, segment=segments[i]))
+                            info={**out.info, "local": out.local, "team": out.team}, segment=segments[i],
+                            sampling_logprobs=gen.logprobs, prompt_truncated=gen.prompt_truncated,
+                            finished=gen.finished))
                     chosen = mine[select(mine, selection, rng)] if tree else mine[0]
                     ep.state = chosen.state
                     ep.team_return += chosen.reward
@@ -139,7 +141,8 @@ def _generate_stage(workflow: Workflow, policies: dict[str, Policy], role_map: d
 
 
 def row_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
-    """Per-agent reward, success, format-failure rate and completion length over sample rows."""
+    """Per-agent reward, success, format-failure rate, completion length (mean, max), the share of
+    completions that ended with an end token (the rest hit ``max_new_tokens``) and truncated prompts."""
     metrics: dict[str, float] = {}
     by_role: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
@@ -149,6 +152,9 @@ def row_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
         metrics[f"{prefix}/{role}/success"] = sum(s.success for s in rows) / len(rows)
         metrics[f"{prefix}/{role}/format_failure"] = sum(not s.format_ok for s in rows) / len(rows)
         metrics[f"{prefix}/{role}/completion_tokens"] = sum(len(s.completion_ids) for s in rows) / len(rows)
+        metrics[f"{prefix}/{role}/completion_tokens_max"] = float(max(len(s.completion_ids) for s in rows))
+        metrics[f"{prefix}/{role}/finished"] = sum(s.finished for s in rows) / len(rows)
+        metrics[f"{prefix}/{role}/prompts_truncated"] = float(sum(s.prompt_truncated for s in rows))
     return metrics
 
 

@@ -1,13 +1,26 @@
-"""Batched generation with ``transformers`` (the ``hf`` backend)."""
+"""Batched generation with ``transformers`` (the ``hf`` backend).
+
+What comes back is exactly what was sampled: the prompt as the model saw it (a prompt longer than
+``max_prompt_length`` keeps its end, as TRL does), and the completion token for token up to and
+including the first end token (every end token the model's generation config names, plus the
+tokenizer's EOS), or all ``max_new_tokens`` when none came. With each completion come the sampler's
+log-probabilities of its tokens, taken from the logits after temperature, top-k and top-p, which is
+what the learner's log-probabilities are checked against.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
+from marl_cli.rollout.samples import pad_rows
 
 
 @dataclass
@@ -25,11 +38,76 @@ class Sampling:
 
 @dataclass
 class Generation:
-    """One completion: token ids (ending in EOS when the model stopped) and decoded text."""
+    """One completion as sampled: token ids (ending in an end token when the model stopped), text, log-probs.
+
+    ``logprobs`` holds the sampler's log-probability of each completion token (empty when the
+    backend returns none); ``prompt_truncated`` says the prompt lost its beginning to
+    ``max_prompt_length``; ``finished`` says the completion ended with an end token.
+    """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     text: str
+    logprobs: list[float] = field(default_factory=list)
+    prompt_truncated: bool = False
+    finished: bool = True
+
+
+class _SampledLogprobs(LogitsProcessor):
+    """Warps the logits as the sampler will (temperature, top-k, top-p) and records each sampled token's log-prob.
+
+    HF calls processors before drawing a token, so the log-probs of step t are gathered at step
+    t + 1 (when the drawn token is the last input id); ``finish`` gathers the last step's.
+    """
+
+    def __init__(self, warpers: list[LogitsProcessor]):
+        self.warpers = warpers
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def _gather(self, tokens: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(1, tokens.unsqueeze(1)).squeeze(1))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._gather(input_ids[:, -1])
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """Per-step log-probs, (batch, generated steps)."""
+        self._gather(last_tokens)
+        self.pending = None
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(len(last_tokens), 0)
+
+
+def end_token_ids(policy: Policy) -> list[int]:
+    """Every token that ends a completion: the generation config's EOS ids and the tokenizer's EOS."""
+    configured = getattr(policy.model.generation_config, "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = [*ids, policy.tokenizer.eos_token_id]
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def encode_prompts(policy: Policy, prompts: list[str], sampling: Sampling) -> tuple[list[list[int]], list[bool]]:
+    """Token ids of each prompt as the model sees it (chat template applied), cut on the left to the limit."""
+    texts = [format_prompt(policy.tokenizer, p, sampling.use_chat_template) for p in prompts]
+    ids = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    limit = sampling.max_prompt_length
+    return [row[-limit:] for row in ids], [len(row) > limit for row in ids]
+
+
+@contextlib.contextmanager
+def compute_precision(policy: Policy) -> Iterator[None]:
+    """Run the forward passes in the policy's compute dtype (bf16 autocast over fp32 master weights)."""
+    dtype = policy.compute_dtype
+    if dtype == torch.float32:
+        yield
+        return
+    with torch.autocast(policy.model.device.type, dtype=dtype):
+        yield
 
 
 class HFGenerator:
@@ -42,32 +120,44 @@ class HFGenerator:
     def generate(self, policy: Policy, prompts: list[str], sampling: Sampling) -> list[Generation]:
         tokenizer, model = policy.tokenizer, policy.model
         policy.activate()
-        texts = [format_prompt(tokenizer, p, sampling.use_chat_template) for p in prompts]
+        prompt_ids, truncated = encode_prompts(policy, prompts, sampling)
+        ends = end_token_ids(policy)
         results: list[Generation] = []
         was_training = model.training
         model.eval()
-        for start in range(0, len(texts), sampling.batch_size):
-            chunk = texts[start:start + sampling.batch_size]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, truncation=True,
-                            max_length=sampling.max_prompt_length, add_special_tokens=False)
-            enc = {k: v.to(model.device) for k, v in enc.items()}
-            greedy = sampling.temperature <= 0
-            kwargs = {"do_sample": False} if greedy else {
-                "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "top_k": sampling.top_k or None}
-            out = model.generate(**enc, max_new_tokens=sampling.max_new_tokens,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                 **kwargs)
+        for start in range(0, len(prompt_ids), sampling.batch_size):
+            chunk = prompt_ids[start:start + sampling.batch_size]
+            input_ids, attention_mask = (t.to(model.device) for t in pad_rows(chunk, tokenizer.pad_token_id, left=True))
+            recorder = _SampledLogprobs(_warpers(sampling))
+            # The warpers run inside the recorder, so generate's own sampling settings are all neutral.
+            kwargs = {"do_sample": False} if sampling.temperature <= 0 else {
+                "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0}
+            with compute_precision(policy):
+                out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                     max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=ends, logits_processor=LogitsProcessorList([recorder]), **kwargs)
             self.calls += 1
-            width = enc["input_ids"].shape[1]
-            for row, mask, seq in zip(enc["input_ids"], enc["attention_mask"], out, strict=True):
-                prompt_ids = row[mask.bool()].tolist()
-                completion = seq[width:].tolist()
-                if tokenizer.eos_token_id in completion:
-                    completion = completion[: completion.index(tokenizer.eos_token_id) + 1]
-                else:
-                    completion = [t for t in completion if t != tokenizer.pad_token_id]
+            generated = out[:, input_ids.shape[1]:]
+            logprobs = recorder.finish(generated[:, -1]) if generated.shape[1] else None
+            for i, row in enumerate(chunk):
+                completion = generated[i].tolist()
+                end = next((j for j, t in enumerate(completion) if t in ends), None)
+                if end is not None:
+                    completion = completion[:end + 1]
+                lps = logprobs[i, :len(completion)].tolist() if logprobs is not None else []
                 text = tokenizer.decode(completion, skip_special_tokens=True)
-                results.append(Generation(prompt_ids, completion, text))
+                results.append(Generation(row, completion, text, lps, truncated[start + i], end is not None))
         model.train(was_training)
         return results
+
+
+def _warpers(sampling: Sampling) -> list[LogitsProcessor]:
+    if sampling.temperature <= 0:
+        return []
+    warpers: list[LogitsProcessor] = [TemperatureLogitsWarper(sampling.temperature)]
+    if sampling.top_k:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    return warpers
+

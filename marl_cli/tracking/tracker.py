@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -83,6 +84,20 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
+    def log_samples(self, step: int, records: list[dict[str, Any]], table: str) -> None:
+        """Append readable completions to ``samples.jsonl`` and, with W&B, as the table ``table``."""
+        if not records:
+            return
+        with (self.path.parent / "samples.jsonl").open("a") as f:
+            for record in records:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.wandb is not None:
+            import wandb
+
+            columns = list(records[0])
+            rows = [[r[c] for c in columns] for r in records]
+            self.wandb.log({table: wandb.Table(columns=columns, data=rows)}, step=step)
+
     def finish(self, summary: dict[str, Any]) -> None:
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
@@ -95,3 +110,31 @@ def _wandb_id(run_dir: Path) -> str:
     if not id_file.exists():
         id_file.write_text(uuid.uuid4().hex[:12])
     return id_file.read_text().strip()
+
+
+class LogFile:
+    """Copies marl's log lines (steps, evals, checkpoints, resumes) to ``path``, e.g. ``<run>/train.log``.
+
+    Nothing is added when a handler already writes there (Hydra's job log of a ``marl train`` run dir);
+    a resumed run's own dir, or a run started in-process, gets its own handler until ``close``.
+    """
+
+    def __init__(self, path: Path):
+        self.logger = logging.getLogger("marl_cli")
+        self.handler: logging.Handler | None = None
+        target = path.resolve()
+        every = [*logging.getLogger().handlers, *self.logger.handlers]
+        if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve() == target for h in every):
+            return
+        self.handler = logging.FileHandler(target)
+        self.handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        self.handler.setLevel(logging.INFO)
+        if self.logger.getEffectiveLevel() > logging.INFO:
+            self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.handler)
+
+    def close(self) -> None:
+        if self.handler is not None:
+            self.logger.removeHandler(self.handler)
+            self.handler.close()
+

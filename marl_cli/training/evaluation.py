@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import defaultdict
 from math import comb
 from pathlib import Path
@@ -18,11 +19,13 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import LORA_BASE, Policy, assign_roles, attach_adapters, build_policies
-from marl_cli.rollout.engine import rollout_metrics, run_episodes
+from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
+from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import build_team, check_backend, resolve_device, sampling_from
 from marl_cli.training.checkpoint import latest_checkpoint
@@ -40,20 +43,40 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def evaluate(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str], size: int,
              sampling: Sampling, generator: HFGenerator, prefix: str = "eval", samples: int = 1,
-             pass_k: tuple[int, ...] = ()) -> dict[str, float]:
-    """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``size`` eval tasks."""
+             pass_k: tuple[int, ...] = (), rows: list[Sample] | None = None,
+             progress: bool = False) -> dict[str, float]:
+    """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``size`` eval tasks.
+
+    Tasks are played in chunks of one generation batch (``sampling.batch_size`` episodes), with a
+    progress bar when ``progress``; ``rows``, when given, receives every sample row played.
+    """
+    start_time = time.perf_counter()
     tasks = [workflow.env.task("eval", i) for i in range(size)]
-    result = run_episodes(workflow, policies, role_map, tasks, samples, sampling, generator)
-    metrics = rollout_metrics(result, prefix)
+    chunk = max(1, sampling.batch_size // samples)
+    played = RolloutResult([], [], 0)
+    with tqdm(total=size, desc=prefix, unit="task", disable=not progress, dynamic_ncols=True, leave=False) as bar:
+        for first in range(0, size, chunk):
+            part = run_episodes(workflow, policies, role_map, tasks[first:first + chunk], samples, sampling,
+                                generator)
+            for item in (*part.episodes, *part.samples):
+                item.task += first
+            played.episodes += part.episodes
+            played.samples += part.samples
+            bar.update(len(tasks[first:first + chunk]))
+    metrics = rollout_metrics(played, prefix)
     metrics.pop(f"{prefix}/generate_calls")
     metrics[f"{prefix}/tasks"] = float(size)
     metrics[f"{prefix}/{workflow.env.cfg.name}/success"] = metrics[f"{prefix}/success"]
     if pass_k:
         correct: dict[int, int] = defaultdict(int)
-        for ep in result.episodes:
+        for ep in played.episodes:
             correct[ep.task] += int(ep.success)
         for k in pass_k:
             metrics[f"{prefix}/pass@{k}"] = sum(pass_at_k(samples, correct[t], k) for t in range(size)) / size
+    if rows is not None:
+        rows += played.samples
+    log.info("%s: %d tasks x %d, success %.3f (%.1f s)", prefix, size, samples, metrics[f"{prefix}/success"],
+             time.perf_counter() - start_time)
     return metrics
 
 

@@ -32,7 +32,8 @@ from marl_cli.rollout.engine import rollout_metrics, row_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
-from marl_cli.tracking.tracker import Tracker, write_json
+from marl_cli.tracking.completions import completion_records
+from marl_cli.tracking.tracker import LogFile, Tracker, write_json
 from marl_cli.training.build import build_team, check_backend, resolve_device, sampling_from
 from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from marl_cli.training.decoupled import Exchange, check_decoupled
@@ -43,6 +44,24 @@ from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
 ALGORITHMS = ("grpo", "at_grpo", "m_grpo")
+READABLE_ROWS = 4
+"""Completions per agent written to ``samples.jsonl`` (training rows every ``log_completions_every`` steps;
+at the final eval, every row of this many episodes)."""
+STEP_LINE_KEYS = (("reward", "train/reward"), ("success", "train/success"))
+STEP_LINE_POLICY_KEYS = ("loss", "kl_old", "entropy", "logprob_gap/mean")
+
+
+def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[str]) -> str:
+    """One line of ``train.log`` for a logged step: reward, success, per-policy loss and diagnostics, step time."""
+    parts = [f"step {step}/{steps}"]
+    parts += [f"{label} {metrics[key]:.4f}" for label, key in STEP_LINE_KEYS if key in metrics]
+    for name in policies:
+        shown = [f"{k} {metrics[f'train/{name}/{k}']:.4g}" for k in STEP_LINE_POLICY_KEYS
+                 if f"train/{name}/{k}" in metrics]
+        if shown:
+            parts.append(f"[{name}] " + " ".join(shown))
+    parts.append(f"{metrics['time/step_s']:.1f} s")
+    return " | ".join(parts)
 
 
 def advantages(samples: list[Sample], algorithm: Any, rng: random.Random,
@@ -70,8 +89,11 @@ def update_policies(samples: list[Sample], cfg: DictConfig, trainers: dict[str, 
 
 def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str],
             trainers: dict[str, PolicyTrainer], trained_roles: set[str], sampling: Sampling,
-            generator: HFGenerator, rng: random.Random, exchange: Exchange | None = None) -> dict[str, float]:
+            generator: HFGenerator, rng: random.Random,
+            exchange: Exchange | None = None) -> tuple[dict[str, float], list[Sample]]:
     """One RL step: rollouts on this step's training tasks, advantages, one update per trained policy.
+
+    Returns the step's metrics and its sample rows (with their advantages).
 
     A decoupled main trainer (``exchange``) first loads the sub policy's newest weights and hands the
     rollout's sub-trajectories to the store; a decoupled sub trainer takes its rows from the store.
@@ -99,7 +121,7 @@ def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, 
         exchange.publish(step, policies)
     metrics["time/rollout_s"] = t_rollout
     metrics["time/step_s"] = time.perf_counter() - t0
-    return metrics
+    return metrics, samples
 
 
 def trained_roles_of(cfg: DictConfig, roles: list[str]) -> set[str]:
@@ -154,7 +176,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if cfg.trainer.resume:
         run_dir = Path(cfg.trainer.resume).resolve()
         checkpoint = latest_checkpoint(run_dir)
-        log.info("resuming %s from %s", run_dir, checkpoint.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -178,7 +199,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     elif cfg.trainer.init_from:
         saved = initial_policies(Path(cfg.trainer.init_from), set(owned.values()), lora)
     sources = {LORA_BASE: str(run_dir / LORA_BASE)} if lora and checkpoint is not None else saved
-    policies = build_policies(owned, cfg.model, cfg.seed, run_dir, device, sources, cfg.policy.name)
+    policies = build_policies(owned, cfg.model, cfg.seed, run_dir, device, sources, cfg.policy.name,
+                              master_weights=True)
     routing = dict.fromkeys(role_map, LORA_BASE) if lora else role_map  # lora: the base serves until adapters attach
 
     summary_path = run_dir / "summary.json"
@@ -198,15 +220,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     counters = {"store/trajectories": 0.0}  # decoupled: sub-trajectories written (main) or trained on (sub)
 
-    def run_eval(prefix: str, step: int) -> dict[str, float]:
+    def run_eval(prefix: str, step: int, readable: int = 0) -> dict[str, float]:
         if sub_only:
             return {}
-        metrics = evaluate(workflow, policies, routing, cfg.env.eval_size, eval_sampling, generator, prefix)
+        rows: list[Sample] = []
+        metrics = evaluate(workflow, policies, routing, cfg.env.eval_size, eval_sampling, generator, prefix,
+                           rows=rows, progress=cfg.progress)
         tracker.log(step, metrics)
+        tracker.log_samples(step, completion_records(rows, tokenizers(), step, prefix, readable), f"{prefix}/samples")
         summary.update(metrics)
         write_json(summary_path, summary)
-        log.info("%s success %.3f", prefix, metrics[f"{prefix}/success"])
         return metrics
+
+    def tokenizers() -> dict[str, Any]:
+        return {name: p.tokenizer for name, p in policies.items()}
 
     trainers: dict[str, PolicyTrainer] = {}
     acked = 0  # decoupled sub: steps whose items are acknowledged (at checkpoints: every step unless save_every)
@@ -214,11 +241,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     def save(step: int) -> None:
         nonlocal acked
-        save_checkpoint(run_dir, step, policies, {n: t.state_dict() for n, t in trainers.items()}, rng, counters)
+        path = save_checkpoint(run_dir, step, policies, {n: t.state_dict() for n, t in trainers.items()}, rng,
+                               counters)
+        log.info("checkpoint: step %d saved to %s", step, path)
         if sub_only:
             exchange.acknowledge(range(acked + 1, step + 1))
             acked = step
 
+    log_file = LogFile(run_dir / "train.log")
+    if checkpoint is not None:
+        log.info("resuming %s from %s", run_dir, checkpoint.name)
     start = 0
     step = 0
     try:
@@ -226,7 +258,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             run_eval("eval_pre_warmstart", 0)
             for name, policy in policies.items():
                 ws = warm_start(policy, workflow, cfg.trainer.warmstart, cfg.model.use_chat_template,
-                                run_dir / "warmstart" / name, cfg.seed)
+                                run_dir / "warmstart" / name, cfg.seed, cfg.progress)
                 tracker.log(0, {f"warmstart/{name}/{k}": v for k, v in ws.items()})
         if lora:
             policies = attach_adapters(policies[LORA_BASE], role_map, cfg.policy, run_dir,
@@ -257,13 +289,19 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         bar = tqdm(range(start + 1, cfg.trainer.steps + 1), initial=start, total=cfg.trainer.steps,
                    desc=cfg.name, disable=not cfg.progress, dynamic_ncols=True)
         for step in bar:
-            metrics = rl_step(step, cfg, workflow, policies, role_map, trainers, trained_roles, train_sampling,
-                              generator, rng, exchange)
+            metrics, samples = rl_step(step, cfg, workflow, policies, role_map, trainers, trained_roles,
+                                       train_sampling, generator, rng, exchange)
             counters["store/trajectories"] += metrics.get("store/written", metrics.get("store/read", 0.0))
             metrics.update(counters if exchange is not None else {})
             summary["steps"] = step
             if step % cfg.trainer.log_every == 0 or step == cfg.trainer.steps:
                 tracker.log(step, metrics)
+                log.info(step_line(step, cfg.trainer.steps, metrics, list(trainers)))
+            every = cfg.trainer.log_completions_every
+            if every and step % every == 0:
+                records = completion_records(samples, tokenizers(), step, "train", READABLE_ROWS,
+                                             random.Random(step))
+                tracker.log_samples(step, records, "train/samples")
             bar.set_postfix(reward=f"{metrics['train/reward']:.3f}", step_s=f"{metrics['time/step_s']:.1f}")
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.steps:
                 run_eval("eval", step)
@@ -272,7 +310,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         bar.close()
         if cfg.trainer.role == "main" and cfg.trainer.sync:  # evaluate with the sub policy trained on every step
             exchange.refresh(policies, step)
-        run_eval("eval", step)
+        run_eval("eval", step, READABLE_ROWS if cfg.trainer.log_completions_every else 0)
         save(step)
         summary.update(counters if exchange is not None else {})
         summary["status"] = "completed"
@@ -290,4 +328,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         tracker.finish(summary)
         if exchange is not None:
             exchange.store.close()
+        log.info("run %s: %s after %d steps", run_dir, summary["status"], summary["steps"])
+        log_file.close()
     return summary

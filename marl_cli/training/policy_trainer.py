@@ -4,44 +4,69 @@ marl produces its own rollouts and advantages, so it uses TRL's trainer for what
 clipped policy loss (``loss_type``, ``epsilon``, ``beta``), the log-probabilities at the rollout
 temperature, the optimiser, the learning-rate scheduler and gradient clipping. Each RL step calls
 ``update`` with that policy's sample rows; the scheduler advances once per RL step.
+
+The step is TRL's and verl's: the old log-probs (the PPO ratio's denominator) of every mini-batch
+are computed before the first optimiser step, so they are the sampling policy's for the whole step;
+the reference is the policy as RL found it (after the warm start). A bf16/fp16 policy trains with
+fp32 master weights and optimiser state under autocast. Every step reports what RL researchers look
+at: the sampler-vs-learner log-prob gap, entropy, KL to the old policy and to the reference, clip
+fractions and advantage statistics.
 """
 
 from __future__ import annotations
 
+import copy
 import random
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
 
 from marl_cli.policies.regime import Policy
-from marl_cli.rollout.samples import Sample
-
-
-def _pad(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        span = slice(width - len(r), width) if left else slice(0, len(r))
-        ids[i, span] = torch.tensor(r, dtype=torch.long)
-        mask[i, span] = 1
-    return ids, mask
+from marl_cli.rollout.samples import Sample, pad_rows
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """The tensors TRL's GRPO loss reads: left-padded prompts, right-padded completions, advantages.
 
     Each mini-batch is one optimiser step, so token-sum losses are normalised by its own token count.
+    ``sampling_logps``/``sampling_mask`` carry the sampler's log-probs where the generator gave them.
     """
-    prompt_ids, prompt_mask = _pad([s.prompt_ids for s in samples], pad_id, left=True)
-    completion_ids, completion_mask = _pad([s.completion_ids for s in samples], pad_id, left=False)
+    prompt_ids, prompt_mask = pad_rows([s.prompt_ids for s in samples], pad_id, left=True)
+    completion_ids, completion_mask = pad_rows([s.completion_ids for s in samples], pad_id, left=False)
+    sampling = torch.zeros(completion_ids.shape, dtype=torch.float32)
+    sampling_mask = torch.zeros(completion_ids.shape, dtype=torch.long)
+    for i, s in enumerate(samples):
+        if len(s.sampling_logprobs) == len(s.completion_ids):
+            sampling[i, :len(s.completion_ids)] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
+            sampling_mask[i, :len(s.completion_ids)] = 1
     batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
              "completion_mask": completion_mask,
-             "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
+             "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+             "sampling_logps": sampling, "sampling_mask": sampling_mask}
     batch["num_items_in_batch"] = completion_mask.sum()  # token-sum losses (dapo, cispo, vespo) divide by it
     return {k: v.to(device) for k, v in batch.items()}
+
+
+def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch.Tensor) -> float:
+    """KL(sampler ‖ other) per token, Schulman's k3 estimator on tokens drawn from the sampler, masked mean."""
+    delta = other_logps - sample_logps
+    per_token = torch.exp(delta) - delta - 1
+    return float((per_token * mask).sum() / mask.sum().clamp(min=1))
+
+
+class _GRPOLoss(GRPOTrainer):
+    """TRL's GRPOTrainer, remembering the per-token log-probs of its last forward (for the KL to the old policy)."""
+
+    last_logps: torch.Tensor | None = None
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        self.last_logps = out[0].detach()
+        return out
 
 
 class PolicyTrainer:
@@ -61,7 +86,12 @@ class PolicyTrainer:
         self.policy = policy
         self.cfg = trainer_cfg
         policy.activate()  # the optimiser takes the parameters that require grad: this adapter's only
-        use_cpu = policy.model.device.type == "cpu"
+        model = policy.model
+        use_cpu = model.device.type == "cpu"
+        master = next(model.parameters()).dtype
+        mixed = policy.compute_dtype != master
+        if trainer_cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         args = GRPOConfig(
             output_dir=str(output_dir),
             learning_rate=trainer_cfg.learning_rate,
@@ -72,7 +102,7 @@ class PolicyTrainer:
             loss_type=trainer_cfg.loss_type,
             epsilon=trainer_cfg.epsilon,
             epsilon_high=trainer_cfg.epsilon_high,
-            beta=0.0 if policy.adapter else trainer_cfg.beta,
+            beta=0.0,  # marl supplies the reference log-probs itself (the policy at the start of RL)
             num_iterations=trainer_cfg.num_iterations,
             temperature=temperature if temperature > 0 else 1.0,
             max_completion_length=max_completion_length,
@@ -80,23 +110,27 @@ class PolicyTrainer:
             per_device_train_batch_size=2,
             gradient_accumulation_steps=1,
             max_steps=max(trainer_cfg.steps, 1),
-            gradient_checkpointing=trainer_cfg.gradient_checkpointing,
+            gradient_checkpointing=False,  # switched on above, on the model itself
             use_cpu=use_cpu,
-            bf16=False,
+            bf16=mixed and policy.compute_dtype == torch.bfloat16,
+            fp16=mixed and policy.compute_dtype == torch.float16,
             report_to="none",
             save_strategy="no",
             logging_strategy="no",
             seed=seed,
             disable_tqdm=True,
         )
-        self.trl = GRPOTrainer(model=policy.model, args=args, processing_class=policy.tokenizer,
-                               reward_funcs=[_rewards_come_from_rollouts], train_dataset=_placeholder_prompts())
+        self.trl = _GRPOLoss(model=model, args=args, processing_class=policy.tokenizer,
+                             reward_funcs=[_rewards_come_from_rollouts], train_dataset=_placeholder_prompts())
         self.trl.current_gradient_accumulation_steps = 1
-        self.trl.beta = trainer_cfg.beta  # adapters: the KL reference is the frozen base, computed in update()
+        self.trl.beta = trainer_cfg.beta
         self.trl.create_optimizer_and_scheduler(num_training_steps=max(trainer_cfg.steps, 1))
         self.model = self.trl.model
         self.device = self.model.device
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.reference = None
+        if policy.adapter is None and (trainer_cfg.beta != 0.0 or trainer_cfg.log_ref_kl):
+            self.reference = _frozen_copy(self.model, args.temperature)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -105,6 +139,10 @@ class PolicyTrainer:
     @property
     def scheduler(self) -> Any:
         return self.trl.lr_scheduler
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None or self.policy.adapter is not None
 
     @torch.no_grad()
     def _logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -116,15 +154,29 @@ class PolicyTrainer:
 
     def _reference_logps(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.policy.adapter is None:
-            return self._logps(self.trl.ref_model, batch)
+            return self._logps(self.reference, batch)
         with self.policy.reference() as base:
             return self._logps(base, batch)
+
+    def _prepare(self, batch: dict[str, torch.Tensor], stats: dict[str, list[float]]) -> None:
+        """The sampling policy's log-probs (and the reference's) for ``batch``, before any optimiser step."""
+        old = self._logps(self.model, batch)
+        batch["old_per_token_logps"] = old
+        mask = batch["completion_mask"]
+        sampled = batch["sampling_mask"].bool()
+        if sampled.any():
+            gap = (old - batch["sampling_logps"]).abs()[sampled]
+            stats["logprob_gap/mean"].append(float(gap.mean()))
+            stats["logprob_gap/max"].append(float(gap.max()))
+        if self.cfg.beta != 0.0 or (self.cfg.log_ref_kl and self.has_reference):
+            batch["ref_per_token_logps"] = self._reference_logps(batch)
+            stats["kl_ref"].append(approx_kl(old, batch["ref_per_token_logps"], mask))
 
     def update(self, samples: list[Sample], rng: random.Random) -> dict[str, float]:
         """One RL step for this policy: ``num_iterations`` passes of mini-batch gradient steps."""
         rows = [s for s in samples if s.keep]
         lr = self.scheduler.get_last_lr()[0]
-        stats: dict[str, list[float]] = {"loss": [], "grad_norm": []}
+        stats: dict[str, list[float]] = defaultdict(list)
         if rows:
             pad_id = self.policy.tokenizer.pad_token_id
             batches = [collate(rows[i:i + self.cfg.mini_batch_size], pad_id, self.device)
@@ -132,21 +184,24 @@ class PolicyTrainer:
             self.policy.activate()
             self.model.train()
             for batch in batches:
-                if self.cfg.num_iterations > 1:
-                    batch["old_per_token_logps"] = self._logps(self.model, batch)
-                if self.cfg.beta != 0.0:
-                    batch["ref_per_token_logps"] = self._reference_logps(batch)
+                self._prepare(batch, stats)
             for _ in range(self.cfg.num_iterations):
                 for batch in rng.sample(batches, len(batches)):
                     loss = self.trl.compute_loss(self.model, batch)
+                    stats["kl_old"].append(approx_kl(batch["old_per_token_logps"], self.trl.last_logps,
+                                                     batch["completion_mask"]))
                     self.trl.accelerator.backward(loss)
                     norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                     stats["loss"].append(loss.item())
                     stats["grad_norm"].append(float(norm))
+            advantages = torch.tensor([s.advantage for s in rows])
+            stats["advantage/mean"].append(float(advantages.mean()))
+            stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
+            stats["mini_batches"].append(float(len(batches)))
         self.scheduler.step()
-        out = {k: sum(v) / len(v) for k, v in stats.items() if v}
+        out = {k: (max(v) if k.endswith("/max") else sum(v) / len(v)) for k, v in stats.items() if v}
         for key, values in self.trl._metrics["train"].items():
             if values:
                 out[key] = sum(values) / len(values)
@@ -162,6 +217,17 @@ class PolicyTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _frozen_copy(model: Any, temperature: float) -> Any:
+    """A frozen copy of ``model`` as it is now (the KL reference), scoring at ``temperature`` like the learner."""
+    reference = copy.deepcopy(model)
+    reference.__dict__.pop("forward", None)  # drop the copied fused-head patch; it is re-added for the copy
+    reference.eval().requires_grad_(False)
+    if getattr(reference, "is_gradient_checkpointing", False):
+        reference.gradient_checkpointing_disable()
+    add_fused_lm_head(reference, temperature=temperature)
+    return reference
 
 
 def _rewards_come_from_rollouts(prompts: list, completions: list, **kwargs: Any) -> list[float]:

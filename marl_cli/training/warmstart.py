@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import Dataset
 from transformers import PrinterCallback
 from trl import SFTConfig, SFTTrainer
@@ -14,6 +17,8 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
 from marl_cli.workflows.base import Workflow
+
+log = logging.getLogger(__name__)
 
 
 def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
@@ -58,9 +63,17 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
 
 
 def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: bool, output_dir: Path,
-               seed: int) -> dict[str, float]:
-    """Fine-tune ``policy`` on demonstrations for its roles; return TRL's final training metrics."""
+               seed: int, progress: bool = False) -> dict[str, float]:
+    """Fine-tune ``policy`` on demonstrations for its roles; return TRL's final training metrics.
+
+    A bf16/fp16 policy with fp32 master weights trains under autocast (TRL's mixed precision);
+    ``progress`` shows TRL's progress bar.
+    """
+    start = time.perf_counter()
     data = demonstrations(workflow, policy.roles, cfg.num_examples, use_chat_template, policy)
+    log.info("warm start %s (roles %s): %d demonstrations, %s epochs", policy.name, ", ".join(policy.roles),
+             len(data), cfg.epochs)
+    mixed = policy.compute_dtype != next(policy.model.parameters()).dtype
     args = SFTConfig(
         output_dir=str(output_dir),
         num_train_epochs=cfg.epochs,
@@ -70,15 +83,18 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
         warmup_steps=cfg.warmup_ratio,
         gradient_checkpointing=False,
         use_cpu=policy.model.device.type == "cpu",
-        bf16=False,
+        bf16=mixed and policy.compute_dtype == torch.bfloat16,
+        fp16=mixed and policy.compute_dtype == torch.float16,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
-        disable_tqdm=True,
+        disable_tqdm=not progress,
         seed=seed,
     )
     trainer = SFTTrainer(model=policy.model, args=args, train_dataset=data, processing_class=policy.tokenizer)
     trainer.remove_callback(PrinterCallback)  # marl logs the result itself
     result = trainer.train()
+    log.info("warm start %s: loss %.4f after %d steps (%.0f s)", policy.name, result.training_loss,
+             result.global_step, time.perf_counter() - start)
     return {"loss": float(result.training_loss), "examples": float(len(data)),
             "steps": float(result.global_step)}

@@ -1,0 +1,39 @@
+"""Completions a person can read: a sample of rows per agent as text, for ``samples.jsonl`` and a W&B table."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+from marl_cli.rollout.samples import Sample
+
+COLUMNS = ("step", "split", "role", "policy", "task", "branch", "turn", "reward", "advantage", "success",
+           "format_ok", "finished", "prompt", "completion")
+
+
+def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: int, split: str, per_agent: int,
+                       rng: random.Random | None = None) -> list[dict[str, Any]]:
+    """Rows of each role as readable records (prompt and completion decoded).
+
+    With ``rng``: ``per_agent`` rows of each role drawn at random (training rows). Without it: every
+    row of the first ``per_agent`` tasks, in order, so whole evaluation episodes read turn by turn.
+    """
+    by_role: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_role[s.role].append(s)
+    records = []
+    for role, rows in by_role.items():
+        if rng is not None:
+            chosen = rng.sample(rows, min(per_agent, len(rows)))
+        else:
+            chosen = [s for s in rows if s.task < per_agent]
+        for s in chosen:
+            tok = tokenizers[s.policy]
+            records.append({
+                "step": step, "split": split, "role": role, "policy": s.policy, "task": s.task, "branch": s.branch,
+                "turn": s.turn, "reward": s.reward, "advantage": s.advantage, "success": s.success,
+                "format_ok": s.format_ok, "finished": s.finished,
+                "prompt": tok.decode(s.prompt_ids, skip_special_tokens=False),
+                "completion": tok.decode(s.completion_ids, skip_special_tokens=False)})
+    return records
