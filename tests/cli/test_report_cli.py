@@ -55,7 +55,7 @@ def test_report_command(tmp_path):
     with (out / "runs.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 4
     pngs = sorted((out / "plots").glob("*.png"))
-    assert len(pngs) == 3
+    assert [p.name for p in pngs] == ["Toy__single_agent_+_GRPO__Plan-Path.png"]  # one figure per cell
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 
