@@ -58,6 +58,12 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
+    if cfg.threads < 0:
+        fail(command, f"threads must be 0 (torch's default) or a positive count, got {cfg.threads}")
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     try:
         summary = job(cfg, Path(HydraConfig.get().runtime.output_dir))
     except ConfigError as exc:

@@ -281,6 +281,7 @@ class WarmStartConfig:
     batch_size: int = 32
     lr_scheduler_type: str = "cosine"
     warmup_ratio: float = 0.05
+    shared_base: bool = True  # several full-model policies: warm-start one model on every role's demos, copy it
 
 
 @dataclass
@@ -382,6 +383,7 @@ class TrainSchema:
     name: str = "default"
     seed: int = 0
     device: str = "auto"
+    threads: int = 0  # CPU threads torch uses in this job (intra-op); 0: torch's default (every core)
     progress: bool = True
 
 

@@ -124,6 +124,31 @@ def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, 
     return metrics, samples
 
 
+def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+    """Warm-start every policy; return the ``warmstart/<policy>/...`` metrics.
+
+    With ``trainer.warmstart.shared_base`` (default) and several policies, one model is warm-started on
+    the demonstrations of every role and each policy starts as a copy of it, as every policy of the
+    papers starts from one pre-trained model; otherwise each policy learns its own roles' demonstrations.
+    """
+    ws_cfg = cfg.trainer.warmstart
+    if ws_cfg.shared_base and len(policies) > 1:
+        first, *others = policies.values()
+        roles = [role for p in policies.values() for role in p.roles]
+        base = Policy("base", first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
+        stats = warm_start(base, workflow, ws_cfg, cfg.model.use_chat_template, run_dir / "warmstart" / "base",
+                           cfg.seed, cfg.progress)
+        for policy in others:
+            policy.model.load_state_dict(first.model.state_dict())
+        return {f"warmstart/base/{k}": v for k, v in stats.items()}
+    metrics = {}
+    for name, policy in policies.items():
+        stats = warm_start(policy, workflow, ws_cfg, cfg.model.use_chat_template, run_dir / "warmstart" / name,
+                           cfg.seed, cfg.progress)
+        metrics.update({f"warmstart/{name}/{k}": v for k, v in stats.items()})
+    return metrics
+
+
 def trained_roles_of(cfg: DictConfig, roles: list[str]) -> set[str]:
     """The roles this process updates: all but the frozen ones, split by ``trainer.role`` when decoupled."""
     unknown = sorted(set(cfg.trainer.frozen_roles) - set(roles))
@@ -256,10 +281,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     try:
         if checkpoint is None and cfg.trainer.warmstart.enabled and not sub_only and not cfg.trainer.init_from:
             run_eval("eval_pre_warmstart", 0)
-            for name, policy in policies.items():
-                ws = warm_start(policy, workflow, cfg.trainer.warmstart, cfg.model.use_chat_template,
-                                run_dir / "warmstart" / name, cfg.seed, cfg.progress)
-                tracker.log(0, {f"warmstart/{name}/{k}": v for k, v in ws.items()})
+            tracker.log(0, warm_start_all(policies, workflow, cfg, run_dir))
         if lora:
             policies = attach_adapters(policies[LORA_BASE], role_map, cfg.policy, run_dir,
                                        saved if checkpoint is not None else None)
