@@ -1,0 +1,104 @@
+"""What one in-process training run leaves for a researcher: diagnostics, readable completions, train.log."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from marl_cli.config.paths import config_dir
+from marl_cli.config.schema import register_configs
+from marl_cli.policies.regime import assign_roles, build_policies
+from marl_cli.training.build import build_team
+from marl_cli.training.loop import step_line, train, warm_start_all
+from tests.helpers import FAST
+
+register_configs()
+SMALL = ["model.tiny.hidden_size=64", "model.tiny.intermediate_size=128", "model.tiny.num_hidden_layers=2",
+         "model.tiny.head_dim=32"]
+TEAM = [*FAST, *SMALL, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role", "workflow.max_turns=1",
+        "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=400", "trainer.warmstart.batch_size=16",
+        "trainer.warmstart.epochs=3", "trainer.warmstart.learning_rate=3e-3", "rollout.temperature=1.0",
+        "rollout.tasks_per_step=3", "algorithm.num_generations=4", "trainer.mini_batch_size=4",
+        "trainer.log_completions_every=1", "trainer.log_ref_kl=true", "trainer.steps=2", "trainer.save_every=1"]
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose(config_name="train", overrides=[*TEAM, *overrides])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("team") / "run"
+    summary = train(_cfg(), run_dir)
+    assert summary["status"] == "completed"
+    return run_dir
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_every_step_logs_the_diagnostics(run):
+    steps = [r for r in _records(run) if "train/reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        for policy in ("tool", "plan"):
+            for key in ("logprob_gap/mean", "logprob_gap/max", "entropy", "kl_old", "kl_ref", "clip_ratio/low_mean",
+                        "clip_ratio/high_mean", "advantage/mean", "advantage/std", "mini_batches"):
+                assert f"train/{policy}/{key}" in r, (policy, key)
+            assert r[f"train/{policy}/logprob_gap/mean"] < 1e-3  # CPU fp32, top-k/top-p off
+            assert r[f"train/{policy}/mini_batches"] == 3  # 3 tasks x K=4 rows in mini-batches of 4
+        for role in ("tool", "plan"):
+            for key in ("completion_tokens", "completion_tokens_max", "finished", "prompts_truncated",
+                        "zero_std_fraction"):
+                assert f"train/{role}/{key}" in r, (role, key)
+    assert steps[0]["train/plan/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # the reference is the start of RL
+    assert steps[1]["train/plan/kl_ref"] > 0
+    assert any(r[f"train/{p}/kl_old"] > 0 for r in steps for p in ("tool", "plan"))
+
+
+def test_readable_completions_per_agent(run):
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["split"] == "train"]
+    assert {(r["step"], r["role"]) for r in train_rows} == {(s, role) for s in (1, 2) for role in ("tool", "plan")}
+    assert all(len([r for r in train_rows if (r["step"], r["role"]) == key]) == 4
+               for key in {(r["step"], r["role"]) for r in train_rows})
+    for r in rows:
+        assert {"prompt", "completion", "reward", "advantage", "turn", "role"} <= set(r)
+        assert "Answer after ####" in r["prompt"] or "Write Python" in r["prompt"]
+    final = [r for r in rows if r["split"] == "eval"]
+    assert {r["role"] for r in final} == {"tool", "plan"} and {r["task"] for r in final} <= {0, 1, 2, 3}
+
+
+def test_train_log_has_steps_checkpoints_and_evals(run):
+    text = (run / "train.log").read_text()
+    for expected in ("step 1/2 |", "step 2/2 |", "checkpoint: step 1", "checkpoint: step 2", "eval_before:",
+                     "warm start base (roles tool, plan)", "completed after 2 steps"):
+        assert expected in text, expected
+    assert "[plan] loss" in text
+
+
+def test_step_line_names_each_policy():
+    line = step_line(3, 10, {"train/reward": 0.5, "train/success": 0.25, "train/a/loss": 0.1, "train/a/kl_old": 0.01,
+                             "time/step_s": 1.5}, ["a", "b"])
+    assert line == "step 3/10 | reward 0.5000 | success 0.2500 | [a] loss 0.1 kl_old 0.01 | 1.5 s"
+
+
+def test_per_role_policies_start_from_one_warm_started_base(tmp_path):
+    few = ("trainer.warmstart.num_examples=24", "trainer.warmstart.epochs=1")
+    cfg = _cfg(*few)
+    workflow = build_team(cfg)
+    role_map = assign_roles(cfg.policy, workflow.roles)
+    policies = build_policies(role_map, cfg.model, 0, tmp_path, torch.device("cpu"))
+    before = {k: v.clone() for k, v in policies["tool"].model.state_dict().items()}
+    metrics = warm_start_all(policies, workflow, cfg, tmp_path)
+    assert "warmstart/base/loss" in metrics and metrics["warmstart/base/examples"] == 48  # 24 per role
+    tool, plan = policies["tool"].model.state_dict(), policies["plan"].model.state_dict()
+    assert all(torch.equal(tool[k], plan[k]) for k in tool)
+    assert any(not torch.equal(before[k], tool[k]) for k in tool)
+    separate = build_policies(role_map, cfg.model, 0, tmp_path / "s", torch.device("cpu"))
+    metrics = warm_start_all(separate, workflow, _cfg(*few, "trainer.warmstart.shared_base=false"), tmp_path / "s")
+    assert metrics["warmstart/tool/examples"] == 24 and metrics["warmstart/plan/examples"] == 24
