@@ -61,3 +61,22 @@ def test_slurm_launcher_config_composes_onto_the_submitit_plugin():
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert launcher.partition == "gpu" and launcher.gpus_per_node == 1
     assert launcher.submitit_folder == f"{cfg.hydra.sweep.dir}/.submitit/%j"
+
+
+def test_cpu_launcher_runs_jobs_side_by_side_with_their_thread_count(tmp_path):
+    """hydra/launcher=cpu (joblib): two jobs at once, each with `threads=1`; every job completes its run."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "sweep"
+    out = marl("train", "-m", "hydra/launcher=cpu", "threads=1", *FAST, "trainer.steps=1", "seed=0,1",
+               f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summaries = sorted(sweep.rglob("summary.json"))
+    assert len(summaries) == 2
+    assert all(json.loads(p.read_text())["status"] == "completed" for p in summaries)
+    assert "Joblib" in out.stdout + out.stderr
+
+
+def test_negative_thread_count_is_refused(tmp_path):
+    out = marl("train", *FAST, "threads=-1", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 2
+    assert "threads must be 0" in out.stderr.strip().splitlines()[-1]
