@@ -282,6 +282,7 @@ class WarmStartConfig:
     lr_scheduler_type: str = "cosine"
     warmup_ratio: float = 0.05
     shared_base: bool = True  # several full-model policies: warm-start one model on every role's demos, copy it
+    cache: str | None = None  # a dir: identical warm starts (same model, env, workflow, settings, seed) run once
 
 
 @dataclass

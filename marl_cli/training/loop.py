@@ -39,7 +39,7 @@ from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_che
 from marl_cli.training.decoupled import Exchange, check_decoupled
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.policy_trainer import PolicyTrainer
-from marl_cli.training.warmstart import warm_start
+from marl_cli.training.warmstart import cached_warm_start
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
@@ -131,20 +131,17 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
     the demonstrations of every role and each policy starts as a copy of it, as every policy of the
     papers starts from one pre-trained model; otherwise each policy learns its own roles' demonstrations.
     """
-    ws_cfg = cfg.trainer.warmstart
-    if ws_cfg.shared_base and len(policies) > 1:
+    if cfg.trainer.warmstart.shared_base and len(policies) > 1:
         first, *others = policies.values()
         roles = [role for p in policies.values() for role in p.roles]
         base = Policy("base", first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
-        stats = warm_start(base, workflow, ws_cfg, cfg.model.use_chat_template, run_dir / "warmstart" / "base",
-                           cfg.seed, cfg.progress)
+        stats = cached_warm_start(base, workflow, cfg, run_dir / "warmstart" / "base")
         for policy in others:
             policy.model.load_state_dict(first.model.state_dict())
         return {f"warmstart/base/{k}": v for k, v in stats.items()}
     metrics = {}
     for name, policy in policies.items():
-        stats = warm_start(policy, workflow, ws_cfg, cfg.model.use_chat_template, run_dir / "warmstart" / name,
-                           cfg.seed, cfg.progress)
+        stats = cached_warm_start(policy, workflow, cfg, run_dir / "warmstart" / name)
         metrics.update({f"warmstart/{name}/{k}": v for k, v in stats.items()})
     return metrics
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +14,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback
 from trl import SFTConfig, SFTTrainer
 
@@ -98,3 +103,44 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
              result.global_step, time.perf_counter() - start)
     return {"loss": float(result.training_loss), "examples": float(len(data)),
             "steps": float(result.global_step)}
+
+
+def warm_start_key(cfg: DictConfig, roles: list[str]) -> str:
+    """What decides a warm start's weights: the model, env (but its eval size), workflow, warm-start
+    settings, seed and the roles whose demonstrations it trains on."""
+    parts: dict[str, Any] = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "env", "workflow")}
+    parts["env"].pop("eval_size", None)
+    parts["warmstart"] = {k: v for k, v in OmegaConf.to_container(cfg.trainer.warmstart, resolve=True).items()
+                          if k != "cache"}
+    parts.update(seed=cfg.seed, roles=roles, sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True))
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, output_dir: Path) -> dict[str, float]:
+    """``warm_start`` for ``policy``, reusing the weights of an identical warm start in ``trainer.warmstart.cache``.
+
+    Runs of one sweep that warm-start the same way (the rows of a table that differ only after the
+    warm start, or an RL hyperparameter sweep) train it once; a job that finds another job warming up
+    the same entry waits for it (a file lock). Without a cache dir every run warm-starts itself.
+    """
+    ws = cfg.trainer.warmstart
+    if not ws.cache:
+        return warm_start(policy, workflow, ws, cfg.model.use_chat_template, output_dir, cfg.seed, cfg.progress)
+    root = Path(ws.cache).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    key = warm_start_key(cfg, policy.roles)
+    entry = root / key
+    with (root / f"{key}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (entry / "metrics.json").exists():
+            policy.load_weights(entry)
+            log.info("warm start %s: reused %s", policy.name, entry)
+            return {**json.loads((entry / "metrics.json").read_text()), "cached": 1.0}
+        metrics = warm_start(policy, workflow, ws, cfg.model.use_chat_template, output_dir, cfg.seed, cfg.progress)
+        tmp = root / f"{key}.tmp-{os.getpid()}"
+        policy.save(tmp)
+        (tmp / "metrics.json").write_text(json.dumps(metrics))
+        os.replace(tmp, entry)
+        log.info("warm start %s: saved to the cache as %s", policy.name, entry)
+    return {**metrics, "cached": 0.0}
+

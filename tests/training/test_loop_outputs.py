@@ -102,3 +102,27 @@ def test_per_role_policies_start_from_one_warm_started_base(tmp_path):
     separate = build_policies(role_map, cfg.model, 0, tmp_path / "s", torch.device("cpu"))
     metrics = warm_start_all(separate, workflow, _cfg(*few, "trainer.warmstart.shared_base=false"), tmp_path / "s")
     assert metrics["warmstart/tool/examples"] == 24 and metrics["warmstart/plan/examples"] == 24
+
+
+def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
+    few = ("trainer.warmstart.num_examples=24", "trainer.warmstart.epochs=1", f"trainer.warmstart.cache={tmp_path / 'c'}")
+    trained = {}
+    for regime in ("shared", "per_role", "shared"):
+        cfg = _cfg(*few, f"policy={regime}", "env.eval_size=3")
+        workflow = build_team(cfg)
+        policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 0, tmp_path / regime,
+                                  torch.device("cpu"))
+        metrics = warm_start_all(policies, workflow, cfg, tmp_path / regime)
+        trained.setdefault(regime, []).append((metrics, policies))
+    (first, shared), (again, shared_again) = trained["shared"]
+    per_role_metrics, per_role = trained["per_role"][0]
+    assert first["warmstart/shared/cached"] == 0.0 and again["warmstart/shared/cached"] == 1.0
+    assert per_role_metrics["warmstart/base/cached"] == 1.0  # the team's base trains on the same demonstrations
+    weights = shared["shared"].model.state_dict()
+    for other in (shared_again["shared"], per_role["tool"], per_role["plan"]):
+        assert all(torch.equal(weights[k], v) for k, v in other.model.state_dict().items())
+    cfg = _cfg(*few, "seed=1")
+    workflow = build_team(cfg)
+    policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 1, tmp_path / "s1",
+                              torch.device("cpu"))
+    assert warm_start_all(policies, workflow, cfg, tmp_path / "s1")["warmstart/base/cached"] == 0.0
