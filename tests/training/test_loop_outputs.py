@@ -105,7 +105,8 @@ def test_per_role_policies_start_from_one_warm_started_base(tmp_path):
 
 
 def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
-    few = ("trainer.warmstart.num_examples=24", "trainer.warmstart.epochs=1", f"trainer.warmstart.cache={tmp_path / 'c'}")
+    few = ("trainer.warmstart.num_examples=24", "trainer.warmstart.epochs=1",
+           f"trainer.warmstart.cache={tmp_path / 'c'}")
     trained = {}
     for regime in ("shared", "per_role", "shared"):
         cfg = _cfg(*few, f"policy={regime}", "env.eval_size=3")
