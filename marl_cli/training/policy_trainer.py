@@ -130,7 +130,7 @@ class PolicyTrainer:
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.reference = None
         if policy.adapter is None and (trainer_cfg.beta != 0.0 or trainer_cfg.log_ref_kl):
-            self.reference = _frozen_copy(self.model, args.temperature)
+            self.reference = _frozen_copy(self.model, args)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -219,14 +219,14 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
 
 
-def _frozen_copy(model: Any, temperature: float) -> Any:
-    """A frozen copy of ``model`` as it is now (the KL reference), scoring at ``temperature`` like the learner."""
+def _frozen_copy(model: Any, args: GRPOConfig) -> Any:
+    """A frozen copy of ``model`` as it is now (the KL reference), scoring tokens as the learner does."""
     reference = copy.deepcopy(model)
     reference.__dict__.pop("forward", None)  # drop the copied fused-head patch; it is re-added for the copy
     reference.eval().requires_grad_(False)
     if getattr(reference, "is_gradient_checkpointing", False):
         reference.gradient_checkpointing_disable()
-    add_fused_lm_head(reference, temperature=temperature)
+    add_fused_lm_head(reference, temperature=args.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
     return reference
 
 
