@@ -75,8 +75,11 @@ def advantages(samples: list[Sample], algorithm: Any, rng: random.Random,
 
 def update_policies(samples: list[Sample], cfg: DictConfig, trainers: dict[str, PolicyTrainer],
                     trained_roles: set[str], rng: random.Random,
-                    rollouts: dict[int, list[int]] | None = None) -> dict[str, float]:
-    """Advantages for ``samples``, then one update per trainer on its policy's rows of ``trained_roles``."""
+                    rollouts: dict[int, list[int]] | None = None) -> tuple[dict[str, float], list[Sample]]:
+    """Advantages for ``samples``, then one update per trainer on its policy's rows of ``trained_roles``.
+
+    Returns the metrics and the rows as trained (M-GRPO's aligned copies, each with its advantage).
+    """
     rows, stats = advantages(samples, cfg.algorithm, rng, rollouts)
     metrics = {f"train/{k}": v for k, v in stats.items()}
     metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
@@ -84,7 +87,7 @@ def update_policies(samples: list[Sample], cfg: DictConfig, trainers: dict[str, 
         mine = [s for s in rows if s.policy == name and s.role in trained_roles]
         for key, value in trainer.update(mine, rng).items():
             metrics[f"train/{name}/{key}"] = value
-    return metrics
+    return metrics, rows
 
 
 def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str],
@@ -93,7 +96,7 @@ def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, 
             exchange: Exchange | None = None) -> tuple[dict[str, float], list[Sample]]:
     """One RL step: rollouts on this step's training tasks, advantages, one update per trained policy.
 
-    Returns the step's metrics and its sample rows (with their advantages).
+    Returns the step's metrics and its rows as trained (with their advantages).
 
     A decoupled main trainer (``exchange``) first loads the sub policy's newest weights and hands the
     rollout's sub-trajectories to the store; a decoupled sub trainer takes its rows from the store.
@@ -116,12 +119,13 @@ def rl_step(step: int, cfg: DictConfig, workflow: Workflow, policies: dict[str, 
         if exchange is not None:
             metrics.update(exchange.send(step, samples))
     t_rollout = time.perf_counter() - t0
-    metrics.update(update_policies(samples, cfg, trainers, trained_roles, rng, rollouts))
+    update_metrics, trained = update_policies(samples, cfg, trainers, trained_roles, rng, rollouts)
+    metrics.update(update_metrics)
     if exchange is not None and exchange.role == "sub":
         exchange.publish(step, policies)
     metrics["time/rollout_s"] = t_rollout
     metrics["time/step_s"] = time.perf_counter() - t0
-    return metrics, samples
+    return metrics, trained
 
 
 def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictConfig, run_dir: Path) -> dict[str, float]:

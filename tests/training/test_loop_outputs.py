@@ -66,6 +66,7 @@ def test_readable_completions_per_agent(run):
     assert {(r["step"], r["role"]) for r in train_rows} == {(s, role) for s in (1, 2) for role in ("tool", "plan")}
     assert all(len([r for r in train_rows if (r["step"], r["role"]) == key]) == 4
                for key in {(r["step"], r["role"]) for r in train_rows})
+    assert any(r["advantage"] != 0 for r in train_rows)  # the rows as trained, with their advantages
     for r in rows:
         assert {"prompt", "completion", "reward", "advantage", "turn", "role"} <= set(r)
         assert "Answer after ####" in r["prompt"] or "Write Python" in r["prompt"]
