@@ -42,6 +42,11 @@ class Policy:
     compute_dtype: torch.dtype = torch.float32
     """The dtype forward passes run in; a bf16/fp16 policy trained by marl keeps fp32 master weights."""
 
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The mixed-precision compute dtype when the weights are kept in higher precision (fp32 masters), else None."""
+        return self.compute_dtype if self.compute_dtype != next(self.model.parameters()).dtype else None
+
     def activate(self) -> None:
         """Route the shared base's forward pass through this policy's adapter (no-op for full models)."""
         if self.adapter is not None:
@@ -99,11 +104,11 @@ def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir:
     if regime == "lora_per_role":
         role_map = dict.fromkeys(role_map, LORA_BASE)
     policies: dict[str, Policy] = {}
+    compute = DTYPES.get(model_cfg.dtype)
+    stored = "float32" if master_weights and compute is not None else model_cfg.dtype
     for role, name in role_map.items():
         if name not in policies:
             source = (sources or {}).get(name, base)
-            compute = DTYPES.get(model_cfg.dtype)
-            stored = "float32" if master_weights and compute is not None else model_cfg.dtype
             policies[name] = Policy(name, load_model(source, stored, device), load_tokenizer(source), source,
                                     compute_dtype=compute)
         policies[name].roles.append(role)

@@ -160,4 +160,3 @@ def _warpers(sampling: Sampling) -> list[LogitsProcessor]:
     if sampling.top_p < 1.0:
         warpers.append(TopPLogitsWarper(sampling.top_p))
     return warpers
-

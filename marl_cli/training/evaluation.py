@@ -56,13 +56,13 @@ def evaluate(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str
     played = RolloutResult([], [], 0)
     with tqdm(total=size, desc=prefix, unit="task", disable=not progress, dynamic_ncols=True, leave=False) as bar:
         for first in range(0, size, chunk):
-            part = run_episodes(workflow, policies, role_map, tasks[first:first + chunk], samples, sampling,
-                                generator)
+            batch = tasks[first:first + chunk]
+            part = run_episodes(workflow, policies, role_map, batch, samples, sampling, generator)
             for item in (*part.episodes, *part.samples):
                 item.task += first
             played.episodes += part.episodes
             played.samples += part.samples
-            bar.update(len(tasks[first:first + chunk]))
+            bar.update(len(batch))
     metrics = rollout_metrics(played, prefix)
     metrics.pop(f"{prefix}/generate_calls")
     metrics[f"{prefix}/tasks"] = float(size)

@@ -88,8 +88,6 @@ class PolicyTrainer:
         policy.activate()  # the optimiser takes the parameters that require grad: this adapter's only
         model = policy.model
         use_cpu = model.device.type == "cpu"
-        master = next(model.parameters()).dtype
-        mixed = policy.compute_dtype != master
         if trainer_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         args = GRPOConfig(
@@ -112,8 +110,8 @@ class PolicyTrainer:
             max_steps=max(trainer_cfg.steps, 1),
             gradient_checkpointing=False,  # switched on above, on the model itself
             use_cpu=use_cpu,
-            bf16=mixed and policy.compute_dtype == torch.bfloat16,
-            fp16=mixed and policy.compute_dtype == torch.float16,
+            bf16=policy.autocast_dtype == torch.bfloat16,
+            fp16=policy.autocast_dtype == torch.float16,
             report_to="none",
             save_strategy="no",
             logging_strategy="no",
@@ -140,10 +138,6 @@ class PolicyTrainer:
     def scheduler(self) -> Any:
         return self.trl.lr_scheduler
 
-    @property
-    def has_reference(self) -> bool:
-        return self.reference is not None or self.policy.adapter is not None
-
     @torch.no_grad()
     def _logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -168,7 +162,7 @@ class PolicyTrainer:
             gap = (old - batch["sampling_logps"]).abs()[sampled]
             stats["logprob_gap/mean"].append(float(gap.mean()))
             stats["logprob_gap/max"].append(float(gap.max()))
-        if self.cfg.beta != 0.0 or (self.cfg.log_ref_kl and self.has_reference):
+        if self.cfg.beta != 0.0 or self.cfg.log_ref_kl:
             batch["ref_per_token_logps"] = self._reference_logps(batch)
             stats["kl_ref"].append(approx_kl(old, batch["ref_per_token_logps"], mask))
 

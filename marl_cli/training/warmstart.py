@@ -78,7 +78,6 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
     data = demonstrations(workflow, policy.roles, cfg.num_examples, use_chat_template, policy)
     log.info("warm start %s (roles %s): %d demonstrations, %s epochs", policy.name, ", ".join(policy.roles),
              len(data), cfg.epochs)
-    mixed = policy.compute_dtype != next(policy.model.parameters()).dtype
     args = SFTConfig(
         output_dir=str(output_dir),
         num_train_epochs=cfg.epochs,
@@ -88,8 +87,8 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
         warmup_steps=cfg.warmup_ratio,
         gradient_checkpointing=False,
         use_cpu=policy.model.device.type == "cpu",
-        bf16=mixed and policy.compute_dtype == torch.bfloat16,
-        fp16=mixed and policy.compute_dtype == torch.float16,
+        bf16=policy.autocast_dtype == torch.bfloat16,
+        fp16=policy.autocast_dtype == torch.float16,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
