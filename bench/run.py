@@ -23,15 +23,16 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
-from marl_cli.policies.regime import LORA_BASE, assign_roles, attach_adapters, build_policies
+from marl_cli.policies.regime import attach_adapters, build_policies
+from marl_cli.policies.roles import LORA_BASE, assign_roles
+from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.engine import run_episodes
-from marl_cli.rollout.generation import HFGenerator
 from marl_cli.store import SQLiteStore
 from marl_cli.training.build import build_team, sampling_from
 from marl_cli.training.evaluation import evaluate
-from marl_cli.training.loop import advantages
 from marl_cli.training.policy_trainer import PolicyTrainer
 
 
@@ -62,14 +63,14 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
             policies = attach_adapters(policies[LORA_BASE], role_map, cfg.policy, Path(tmp))
         trainers = {name: PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                         Path(tmp) / "trl" / name, cfg.seed) for name, policy in policies.items()}
-        generator = HFGenerator()
+        generator = BACKENDS.get(cfg.rollout.backend)(cfg)
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
         sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
         rollout_s, result = timed(lambda: run_episodes(workflow, policies, role_map, tasks,
                                                        cfg.algorithm.num_generations, sampling, generator,
                                                        cfg.algorithm.mode, cfg.algorithm.selection,
                                                        random.Random(0)), repeats)
-        rows, _ = advantages(result.samples, cfg.algorithm, random.Random(0))
+        rows, _ = ALGORITHMS.get(cfg.algorithm.name).advantages(result.samples, cfg.algorithm, random.Random(0), None)
         update_s, _ = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
                                      for n, t in trainers.items()], repeats)
         eval_sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.eval_temperature)

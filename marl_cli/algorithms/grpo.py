@@ -11,13 +11,13 @@ tree rollouts, where a group is the K candidates one agent sampled from one shar
 from __future__ import annotations
 
 import math
+import random
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
+from typing import Any
 
-from marl_cli.config.errors import ConfigError
+from marl_cli.algorithms.base import ALGORITHMS, Algorithm
 from marl_cli.rollout.samples import Sample
-
-FILTERS = ("none", "zero_std")
 
 
 def group_advantages(rewards: Sequence[float], groups: Sequence[Hashable], norm_by_std: bool = True,
@@ -46,9 +46,7 @@ def group_key(sample: Sample) -> tuple[int, int, str]:
 
 def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: float = 1e-6,
                       filter: str = "none") -> dict[str, float]:
-    """Fill in ``advantage`` (and ``keep`` under a filter) for every row; return group statistics."""
-    if filter not in FILTERS:
-        raise ConfigError(f"algorithm.filter={filter!r} is unknown; choose from: {', '.join(FILTERS)}")
+    """Fill in ``advantage`` (and ``keep`` under ``filter="zero_std"``) for every row; return group statistics."""
     keys = [group_key(s) for s in samples]
     for s, a in zip(samples, group_advantages([s.reward for s in samples], keys, norm_by_std, eps), strict=True):
         s.advantage = a
@@ -65,3 +63,13 @@ def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: floa
         mine = [k for k in rewards_by_group if k[2] == role]
         stats[f"{role}/zero_std_fraction"] = sum(k in zero_std for k in mine) / len(mine)
     return stats
+
+
+def grpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
+                   rollouts: dict[int, list[int]] | None = None) -> tuple[list[Sample], dict[str, float]]:
+    """GRPO and AT-GRPO: the rows themselves, each normalised within its (task, turn, role) group."""
+    return samples, assign_advantages(samples, cfg.norm_by_std, cfg.std_eps, cfg.filter)
+
+
+ALGORITHMS.register("grpo")(Algorithm(grpo_estimator))
+ALGORITHMS.register("at_grpo")(Algorithm(grpo_estimator, modes=("independent", "tree")))

@@ -21,9 +21,10 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from marl_cli.algorithms.grpo import FILTERS, group_advantages
+from marl_cli.algorithms.base import ALGORITHMS, Algorithm
+from marl_cli.algorithms.grpo import group_advantages
 from marl_cli.config.errors import ConfigError
 from marl_cli.rollout.samples import Sample
 
@@ -100,8 +101,6 @@ def mgrpo_advantages(samples: Sequence[Sample], d_target: int, aligned_roles: Se
     sub-agent alone, as a decoupled sub trainer has them); by default they are read off ``samples``.
     ``filter="zero_std"`` marks the rows of groups whose rewards are all equal as not kept.
     """
-    if filter not in FILTERS:
-        raise ConfigError(f"algorithm.filter={filter!r} is unknown; choose from: {', '.join(FILTERS)}")
     rng = rng or random.Random(0)
     trajs = trajectories(samples)
     if rollouts is None:
@@ -156,3 +155,13 @@ def _aligned(trajs: list[Trajectory], rollouts: dict[int, list[int]], d_target: 
     stats["d_over_D"] = sum(x > d_target for x in d) / max(len(d), 1)
     stats["aligned"] = float(len(members))
     return members, stats
+
+
+def mgrpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
+                    rollouts: dict[int, list[int]] | None = None) -> tuple[list[Sample], dict[str, float]]:
+    """M-GRPO: trajectory-level advantages, the sub-agents' trajectories aligned to D per rollout."""
+    return mgrpo_advantages(samples, cfg.align_d, cfg.aligned_roles, cfg.norm_by_std, cfg.std_eps, cfg.filter,
+                            rng, rollouts)
+
+
+ALGORITHMS.register("m_grpo")(Algorithm(mgrpo_estimator, hierarchical=True))

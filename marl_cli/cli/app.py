@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from omegaconf import DictConfig
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import register_configs
 from marl_cli.config.validate import check_overrides
+from marl_cli.registry import load_plugins
 
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 """Flags that only print something; no run starts, so overrides are left to Hydra."""
@@ -34,6 +36,17 @@ def overrides_in(args: list[str]) -> list[str]:
     return out
 
 
+def config_dirs_in(args: list[str]) -> list[str]:
+    """The user's config dirs named by ``--config-dir``/``-cd`` (searched after marl's own ``conf/``)."""
+    dirs = []
+    for i, arg in enumerate(args):
+        if arg in ("-cd", "--config-dir") and i + 1 < len(args):
+            dirs.append(args[i + 1])
+        elif arg.startswith("--config-dir="):
+            dirs.append(arg.split("=", 1)[1])
+    return [str(Path(d).expanduser().resolve()) for d in dirs]
+
+
 def fail(command: str, message: str) -> None:
     print(f"marl {command}: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -41,12 +54,12 @@ def fail(command: str, message: str) -> None:
 
 def run_app(command: str, config_name: str, hydra_main: Callable[[], object], args: list[str]) -> None:
     """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``."""
-    register_configs()
-    if not INFO_FLAGS.intersection(args):
-        try:
-            check_overrides(config_name, overrides_in(args))
-        except ConfigError as exc:
-            fail(command, str(exc))
+    try:
+        register_configs()
+        if not INFO_FLAGS.intersection(args):
+            check_overrides(config_name, overrides_in(args), config_dirs_in(args))
+    except ConfigError as exc:
+        fail(command, str(exc))
     sys.argv = [f"marl-{command}", *args]
     hydra_main()
 
@@ -56,16 +69,27 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
     import datasets
     import transformers
 
+    load_plugins()  # a launcher's worker process imports the user's plug-ins too
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
-    if cfg.threads < 0:
-        fail(command, f"threads must be 0 (torch's default) or a positive count, got {cfg.threads}")
     if cfg.threads:
         import torch
 
         torch.set_num_threads(cfg.threads)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        summary = job(cfg, Path(HydraConfig.get().runtime.output_dir))
+        summary = job(cfg, run_dir)
     except ConfigError as exc:
+        remove_if_empty(run_dir)
         fail(command, str(exc))
     return summary.get("eval/success")
+
+
+STARTUP_FILES = {".hydra", "train.log", "eval.log", "summary.json", "tiny_init"}
+"""What a run dir holds before anything is measured or trained."""
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    """Delete the run dir of a start refused by a config error when it holds only start-up files."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= STARTUP_FILES:
+        shutil.rmtree(run_dir)

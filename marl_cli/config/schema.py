@@ -1,17 +1,98 @@
 """Typed schemas for every config group, registered in Hydra's ConfigStore.
 
-Each group YAML in ``conf/`` starts its defaults list with the schema registered here
-(``base_<group>_<name>``), so a misspelt key or a value of the wrong type fails at composition.
+Each group YAML in ``conf/`` starts its defaults list with a schema registered in Hydra's ConfigStore
+as ``<group>/base_<name>`` (the plug-ins' own schemas come from their registries), so a misspelt key,
+a value of the wrong type or a value outside a field's choices fails at composition. Fields that take
+one of a fixed set of values are ``StrEnum``s (OmegaConf names the choices); numeric ranges are field
+metadata (``bounded``), checked with every other rule by ``config.validate.check_config`` before a run
+starts.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+
+
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
+    """A field whose value must be ``>= ge``, ``> gt`` and ``<= le`` (None: no bound; a None value is never checked)."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le})
+
+
+class RolloutMode(StrEnum):
+    independent = "independent"  # K separate episodes per task
+    tree = "tree"  # K candidates per agent and turn from one shared state (AT-GRPO)
+
+
+class Selection(StrEnum):
+    greedy = "greedy"
+    random = "random"
+
+
+class GroupFilter(StrEnum):
+    none = "none"
+    zero_std = "zero_std"
+
+
+class DType(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class LossType(StrEnum):
+    """TRL's GRPO loss formulations (``GRPOConfig.loss_type``)."""
+
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    dapo = "dapo"
+    bnpo = "bnpo"
+    cispo = "cispo"
+    sapo = "sapo"
+    luspo = "luspo"
+    vespo = "vespo"
+
+
+class SchedulerType(StrEnum):
+    """transformers' learning-rate schedules that need no metric."""
+
+    linear = "linear"
+    cosine = "cosine"
+    cosine_with_restarts = "cosine_with_restarts"
+    polynomial = "polynomial"
+    constant = "constant"
+    constant_with_warmup = "constant_with_warmup"
+    inverse_sqrt = "inverse_sqrt"
+    cosine_with_min_lr = "cosine_with_min_lr"
+    cosine_warmup_with_min_lr = "cosine_warmup_with_min_lr"
+    warmup_stable_decay = "warmup_stable_decay"
+
+
+class TrainerRole(StrEnum):
+    all = "all"  # one process trains every policy
+    main = "main"  # decoupled M-GRPO: the main trainer
+    sub = "sub"  # decoupled M-GRPO: the sub trainer
+
+
+class LoggerMode(StrEnum):
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+
+
+class SandboxBackend(StrEnum):
+    bwrap = "bwrap"
+    rlimit = "rlimit"
+
+
+class EvalKB(StrEnum):
+    separate = "separate"
+    train = "train"
 
 
 @dataclass
@@ -19,8 +100,8 @@ class EnvConfig:
     """An environment: where tasks come from and how actions are scored."""
 
     name: str = MISSING
-    eval_size: int = 200  # held-out tasks per evaluation; their seeds never overlap training seeds
-    actions_per_episode: int = 1  # actions applied to the real state before the episode ends (group yamls: max_turns)
+    eval_size: int = bounded(200, ge=1)  # held-out tasks per evaluation; their seeds never overlap training seeds
+    actions_per_episode: int = bounded(1, ge=1)  # actions on the real state per episode (yamls: max_turns)
 
 
 @dataclass
@@ -28,9 +109,9 @@ class PlanPathConfig(EnvConfig):
     """Grid path planning (AT-GRPO paper: 10×10 grid, 22% blocked)."""
 
     name: str = "plan_path"
-    size: int = 10
-    block_prob: float = 0.22
-    max_moves: int = 0  # longest move list scored; 0 means 2 * size * size
+    size: int = bounded(10, ge=2)
+    block_prob: float = bounded(0.22, ge=0.0, le=0.9)
+    max_moves: int = bounded(0, ge=0)  # longest move list scored; 0 means 2 * size * size
     step_reward: float = -0.01
     invalid_reward: float = -0.1
     goal_reward: float = 1.0
@@ -39,7 +120,7 @@ class PlanPathConfig(EnvConfig):
     format_penalty: float = -2.0  # an answer with no parsable move list
     stop_at_goal: bool = True  # True (paper): moves after reaching the goal are ignored; False: the plan must end there
     shaping: bool = True  # potential-based shaping with the BFS distance
-    gamma: float = 0.99
+    gamma: float = bounded(0.99, gt=0.0, le=1.0)
 
 
 @dataclass
@@ -48,7 +129,7 @@ class SudokuConfig(EnvConfig):
 
     name: str = "sudoku"
     size: int = 4  # 4 or 9 (boxes are sqrt(size) on a side)
-    holes: int = 6  # blank cells per puzzle, each keeping the solution unique; at most 12 (4×4) or 54 (9×9)
+    holes: int = bounded(6, ge=1)  # blanks per puzzle (unique solution); at most 12 (4×4), 54 (9×9)
     solved_reward: float = 2.0  # the grid equals the solution (ends the episode)
     invalid_reward: float = -0.5  # the grid breaks a row/column/box rule, or the action changes a given
     step_reward: float = 0.0  # any other well-formed action
@@ -63,7 +144,7 @@ class SokobanConfig(EnvConfig):
     size: int = 6  # side of the map, border walls included
     boxes: int = 1  # boxes (and goals) per map: 1 or 2
     walls: int = 2  # random interior wall cells; at most a quarter of the interior
-    max_moves: int = 200  # moves scored per episode; using the last one ends the episode
+    max_moves: int = bounded(200, ge=1)  # moves scored per episode; using the last one ends the episode
     step_reward: float = -0.01  # each move that is carried out
     invalid_reward: float = -0.05  # a move into a wall, or a push into a wall or box (the player stays)
     box_on_goal_reward: float = 1.0  # a box pushed onto a goal
@@ -82,7 +163,7 @@ class MathSourceConfig:
     split: str = ""  # hub split (a preset sets its own); empty: train; local files always read as train
     question_field: str = ""  # column or dotted path (prompt.0.content); empty: the preset's, else problem/question
     answer_field: str = ""  # column or dotted path; empty: the preset's, else answer/final_answer
-    limit: int = 0  # keep the first N usable rows; 0: all
+    limit: int = bounded(0, ge=0)  # keep the first N usable rows; 0: all
 
 
 @dataclass
@@ -119,7 +200,7 @@ class CodeConfig(EnvConfig):
     name: str = "code"
     train: CodeSourceConfig = field(default_factory=CodeSourceConfig)  # training and warm-start problems
     eval: CodeSourceConfig = field(default_factory=CodeSourceConfig)  # held-out problems (embedded: disjoint set)
-    max_tests: int = 10  # ground-truth (and generated) tests run per program, the first N
+    max_tests: int = bounded(10, ge=1)  # ground-truth (and generated) tests run per program, the first N
     format_penalty: float = -1.0  # no code in the answer (below the 0 of code that passes no test)
 
 
@@ -155,7 +236,7 @@ class ResearchConfig(EnvConfig):
     train: ResearchSourceConfig = field(default_factory=ResearchSourceConfig)  # training and warm-start questions
     eval: ResearchSourceConfig = field(default_factory=ResearchSourceConfig)  # held-out questions
     kb_seed: int = 0  # embedded: the train KB is generated from kb_seed, the eval KB from kb_seed + 1
-    eval_kb: str = "separate"  # embedded eval questions: separate (own KB, no shared name) | train (the train KB)
+    eval_kb: EvalKB = EvalKB.separate  # embedded eval questions: separate (own KB) | train (the train KB)
     people: int = 40  # embedded KB size: entities of each kind
     organisations: int = 12
     cities: int = 12
@@ -173,7 +254,7 @@ class WorkflowConfig:
 
     name: str = MISSING
     roles: list[str] = field(default_factory=lambda: ["agent"])
-    max_turns: int = 1
+    max_turns: int = bounded(1, ge=1)
     answer_marker: str = "####"
     prompt: str = "{rules}\n{observation}\nAnswer after {marker}.\n"
     prompts: dict[str, str] = field(default_factory=dict)  # role → template; roles not named use `prompt`
@@ -196,8 +277,8 @@ class ResearchWorkflowConfig(WorkflowConfig):
     sub_expert·expert when the sub-agent's format is valid, else 0.
     """
 
-    max_calls: int = 4  # deep_research: sub-agent calls per episode; solo: tool calls per episode
-    sub_turns: int = 4  # deep_research: sub-agent actions per call (its last must be the result)
+    max_calls: int = bounded(4, ge=1)  # deep_research: sub-agent calls per episode; solo: tool calls per episode
+    sub_turns: int = bounded(4, ge=1)  # deep_research: sub-agent actions per call (its last must be the result)
     main_format: float = 0.1  # α1
     main_correct: float = 0.9  # α2
     sub_format: float = 0.1  # β1
@@ -210,13 +291,13 @@ class AlgorithmConfig:
     """How sample rows are grouped and turned into advantages."""
 
     name: str = MISSING
-    mode: str = "independent"  # independent: K separate episodes per task; tree: K candidates per agent and turn
-    selection: str = "greedy"  # tree mode: the candidate that advances the state (greedy: best reward | random)
-    num_generations: int = 8  # K samples per group
+    mode: RolloutMode = RolloutMode.independent  # independent: K episodes per task; tree: K candidates per agent, turn
+    selection: Selection = Selection.greedy  # tree mode: which candidate advances the state (best reward)
+    num_generations: int = bounded(8, ge=1)  # K samples per group
     norm_by_std: bool = True  # False gives the Dr. GRPO form r − mean
-    std_eps: float = 1e-6
-    filter: str = "none"  # none | zero_std
-    align_d: int = 8  # m_grpo: D, sub-trajectories per rollout after alignment (D·K per query)
+    std_eps: float = bounded(1e-6, ge=0.0)
+    filter: GroupFilter = GroupFilter.none  # zero_std drops groups whose rewards are all equal
+    align_d: int = bounded(8, ge=1)  # m_grpo: D, sub-trajectories per rollout after alignment (D·K per query)
     aligned_roles: list[str] = field(default_factory=lambda: ["sub"])  # m_grpo: roles aligned to D per rollout
 
 
@@ -226,9 +307,9 @@ class PolicyConfig:
 
     name: str = MISSING
     assignment: dict[str, str] = field(default_factory=dict)  # role → policy name; unnamed roles use the regime's
-    lora_r: int = 16  # lora_per_role: adapter rank
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
+    lora_r: int = bounded(16, ge=1)  # lora_per_role: adapter rank
+    lora_alpha: int = bounded(32, ge=1)
+    lora_dropout: float = bounded(0.0, ge=0.0, le=0.99)
     lora_target_modules: str = "all-linear"  # peft target modules: all-linear, or comma-separated module names
 
 
@@ -236,13 +317,13 @@ class PolicyConfig:
 class TinyModelConfig:
     """A small Qwen3-style causal LM built locally (no download)."""
 
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
-    max_position_embeddings: int = 1024
+    hidden_size: int = bounded(128, ge=1)
+    intermediate_size: int = bounded(384, ge=1)
+    num_hidden_layers: int = bounded(4, ge=1)
+    num_attention_heads: int = bounded(4, ge=1)
+    num_key_value_heads: int = bounded(2, ge=1)
+    head_dim: int = bounded(32, ge=1)
+    max_position_embeddings: int = bounded(1024, ge=1)
 
 
 @dataclass
@@ -251,7 +332,7 @@ class ModelConfig:
 
     name_or_path: str | None = None  # a local dir or hub id; None builds the tiny model
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    dtype: str = "float32"
+    dtype: DType = DType.float32
     use_chat_template: bool = True  # wrap prompts as a user turn when the tokenizer has a chat template
 
 
@@ -260,14 +341,14 @@ class RolloutConfig:
     """Generation settings for training and evaluation rollouts."""
 
     backend: str = "hf"
-    tasks_per_step: int = 16
-    temperature: float = 1.0  # also the temperature of the loss's log-probabilities
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
-    max_prompt_length: int = 1024
-    eval_temperature: float = 0.0  # 0 means greedy
-    batch_size: int = 256  # largest batch handed to one generate call
+    tasks_per_step: int = bounded(16, ge=1)
+    temperature: float = bounded(1.0, gt=0.0)  # also the temperature of the loss's log-probabilities
+    top_p: float = bounded(1.0, gt=0.0, le=1.0)
+    top_k: int = bounded(0, ge=0)  # 0: off
+    max_new_tokens: int = bounded(64, ge=1)
+    max_prompt_length: int = bounded(1024, ge=1)  # longer prompts keep their end (left truncation)
+    eval_temperature: float = bounded(0.0, ge=0.0)  # 0 means greedy
+    batch_size: int = bounded(256, ge=1)  # largest batch handed to one generate call
 
 
 @dataclass
@@ -275,12 +356,12 @@ class WarmStartConfig:
     """Supervised warm start on oracle demonstrations through TRL's SFTTrainer."""
 
     enabled: bool = False
-    num_examples: int = 2000  # demonstrations per role (a policy serving two roles trains on twice as many)
-    epochs: float = 1.0
-    learning_rate: float = 1e-3
-    batch_size: int = 32
-    lr_scheduler_type: str = "cosine"
-    warmup_ratio: float = 0.05
+    num_examples: int = bounded(2000, ge=1)  # demonstrations per role (2 roles: twice as many)
+    epochs: float = bounded(1.0, gt=0.0)
+    learning_rate: float = bounded(1e-3, gt=0.0)
+    batch_size: int = bounded(32, ge=1)
+    lr_scheduler_type: SchedulerType = SchedulerType.cosine
+    warmup_ratio: float = bounded(0.05, ge=0.0, le=1.0)
     shared_base: bool = True  # several full-model policies: warm-start one model on every role's demos, copy it
     cache: str | None = None  # a dir: identical warm starts (same model, env, workflow, settings, seed) run once
 
@@ -289,28 +370,28 @@ class WarmStartConfig:
 class TrainerConfig:
     """The RL update (passed through to TRL's GRPO loss and optimiser) and the step schedule."""
 
-    steps: int = 50
-    learning_rate: float = 1e-5
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    loss_type: str = "grpo"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    beta: float = 0.0
-    num_iterations: int = 1  # optimisation passes over each step's samples
-    mini_batch_size: int = 64  # rows per gradient step
+    steps: int = bounded(50, ge=0)
+    learning_rate: float = bounded(1e-5, gt=0.0)
+    lr_scheduler_type: SchedulerType = SchedulerType.constant
+    warmup_steps: int = bounded(0, ge=0)
+    weight_decay: float = bounded(0.0, ge=0.0)
+    max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
+    loss_type: LossType = LossType.grpo
+    epsilon: float = bounded(0.2, ge=0.0)
+    epsilon_high: float | None = bounded(None, ge=0.0)
+    beta: float = bounded(0.0, ge=0.0)
+    num_iterations: int = bounded(1, ge=1)  # optimisation passes over each step's samples
+    mini_batch_size: int = bounded(64, ge=1)  # rows per gradient step
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more compute)
     log_ref_kl: bool = False  # also with beta=0: keep a frozen reference (the policy at RL start) and log kl_ref
-    log_completions_every: int = 10  # write sample completions per agent to samples.jsonl every N steps; 0: never
-    eval_every: int = 0  # 0: evaluate only before and after training
-    save_every: int = 0  # 0: checkpoint only at the end
-    log_every: int = 1
+    log_completions_every: int = bounded(10, ge=0)  # samples.jsonl completions every N steps; 0: never
+    eval_every: int = bounded(0, ge=0)  # 0: evaluate only before and after training
+    save_every: int = bounded(0, ge=0)  # 0: checkpoint only at the end
+    log_every: int = bounded(1, ge=1)
     resume: str | None = None  # a run dir to continue from its last checkpoint
     init_from: str | None = None  # a checkpoint dir (<run>/checkpoints/step_N) whose policies this run starts from
     frozen_roles: list[str] = field(default_factory=list)  # roles that act but are never updated (a frozen sub-agent)
-    role: str = "all"  # all: one process trains every policy; main | sub: decoupled M-GRPO trainers over the store
+    role: TrainerRole = TrainerRole.all  # all: one process; main | sub: decoupled M-GRPO trainers
     sync: bool = True  # decoupled: main waits for the sub trainer's step s-1 before rolling out step s
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
 
@@ -322,7 +403,7 @@ class LoggerConfig:
     name: str = MISSING
     project: str = "marl"
     entity: str | None = None
-    mode: str = "auto"  # auto: online when credentials exist, else offline; or online | offline
+    mode: LoggerMode = LoggerMode.auto  # auto: online when credentials exist, else offline; or online | offline
     tags: list[str] = field(default_factory=list)
 
 
@@ -330,12 +411,12 @@ class LoggerConfig:
 class SandboxConfig:
     """Isolation and limits for model-written code (tool agents, generated tests)."""
 
-    backend: str = "bwrap"  # bwrap: bubblewrap + limits; rlimit: resource limits only (opt-in, weaker isolation)
-    timeout_s: float = 10.0  # wall-clock limit per run
-    cpu_seconds: int = 5
-    memory_mb: int = 1024  # address-space limit
-    max_processes: int = 32
-    file_size_mb: int = 16
+    backend: SandboxBackend = SandboxBackend.bwrap  # bwrap: bubblewrap + limits; rlimit: limits only (weaker)
+    timeout_s: float = bounded(10.0, gt=0.0)  # wall-clock limit per run
+    cpu_seconds: int = bounded(5, ge=1)
+    memory_mb: int = bounded(1024, ge=1)  # address-space limit
+    max_processes: int = bounded(32, ge=1)
+    file_size_mb: int = bounded(16, ge=1)
     python: str = ""  # interpreter inside the sandbox; empty: the one running marl
 
 
@@ -347,11 +428,11 @@ class StoreConfig:
     namespace: str = "${name}"  # keys live under this prefix; both trainers of one run must agree on it
     path: str = "outputs/store.sqlite"  # sqlite: the database file (both processes must reach it)
     host: str = "localhost"  # redis
-    port: int = 6379
+    port: int = bounded(6379, ge=1, le=65535)
     password: str = ""
     db: int = 0
-    poll_s: float = 0.5  # how often a waiting trainer looks again
-    timeout_s: float = 1800.0  # how long a trainer waits for the other before failing
+    poll_s: float = bounded(0.5, gt=0.0)  # how often a waiting trainer looks again
+    timeout_s: float = bounded(1800.0, gt=0.0)  # how long a trainer waits for the other before failing
 
 
 @dataclass
@@ -384,7 +465,7 @@ class TrainSchema:
     name: str = "default"
     seed: int = 0
     device: str = "auto"
-    threads: int = 0  # CPU threads torch uses in this job (intra-op); 0: torch's default (every core)
+    threads: int = bounded(0, ge=0)  # CPU threads torch uses in this job (intra-op); 0: torch's default (every core)
     progress: bool = True
 
 
@@ -392,8 +473,8 @@ class TrainSchema:
 class EvalConfig:
     """``marl eval``: how the held-out tasks (the env's eval split, ``env.eval_size`` of them) are played."""
 
-    samples: int = 1  # episodes per task (n); pass@k needs n >= k
-    temperature: float = 0.0  # 0: greedy (then samples must be 1)
+    samples: int = bounded(1, ge=1)  # episodes per task (n); pass@k needs n >= k
+    temperature: float = bounded(0.0, ge=0.0)  # 0: greedy (then samples must be 1)
     pass_k: list[int] = field(default_factory=lambda: [1])  # k values reported as eval/pass@k (unbiased estimator)
 
 
@@ -412,21 +493,13 @@ class ReportSchema:
     runs: list[str] = field(default_factory=list)  # run dirs, sweep dirs (searched for run dirs) or globs of them
     metric: str = "success"  # the cell value: eval/<metric> at the end of each run, in percent
     plot: bool = False  # also write PNG training curves (reward and success per agent over steps)
-    digits: int = 1  # decimals shown in the Markdown table
+    digits: int = bounded(1, ge=0)  # decimals shown in the Markdown table
 
 
-SCHEMAS: dict[str, dict[str, type]] = {
-    "env": {"plan_path": PlanPathConfig, "sudoku": SudokuConfig, "sokoban": SokobanConfig, "math": MathConfig,
-            "code": CodeConfig, "research": ResearchConfig},
-    "workflow": {"workflow": WorkflowConfig, "code_test": CodeTestConfig, "research": ResearchWorkflowConfig},
-    "algorithm": {"algorithm": AlgorithmConfig},
-    "policy": {"policy": PolicyConfig},
-    "model": {"model": ModelConfig},
-    "rollout": {"rollout": RolloutConfig},
-    "trainer": {"trainer": TrainerConfig},
-    "logger": {"logger": LoggerConfig},
-    "store": {"store": StoreConfig},
-}
+GROUP_SCHEMAS: dict[str, type] = {"env": EnvConfig, "workflow": WorkflowConfig, "algorithm": AlgorithmConfig,
+                                  "policy": PolicyConfig, "model": ModelConfig, "rollout": RolloutConfig,
+                                  "trainer": TrainerConfig, "logger": LoggerConfig, "store": StoreConfig}
+"""Each group's generic schema (``<group>/base_<group>``); a registered plug-in adds ``<group>/base_<name>``."""
 
 
 def job_dir(overrides: str, seed: int, max_chars: int = 120) -> str:
@@ -442,12 +515,24 @@ def job_dir(overrides: str, seed: int, max_chars: int = 120) -> str:
 
 
 def register_configs() -> None:
-    """Register the root schemas, every group schema as ``<group>/base_<name>``, and the ``marl_job_dir`` resolver."""
+    """Register the root schemas, each group's generic schema, every plug-in's schema and the job-dir resolver.
+
+    The plug-ins are the built-in environments and workflows and whatever ``registry.load_plugins`` imports.
+    """
+    import marl_cli.envs
+    import marl_cli.workflows  # noqa: F401
+    from marl_cli.envs.base import ENVS
+    from marl_cli.registry import load_plugins
+    from marl_cli.workflows.base import WORKFLOWS
+
+    load_plugins()
     OmegaConf.register_new_resolver("marl_job_dir", job_dir, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainSchema)
     cs.store(name="eval_schema", node=EvalSchema)
     cs.store(name="report_schema", node=ReportSchema)
-    for group, schemas in SCHEMAS.items():
-        for name, node in schemas.items():
-            cs.store(group=group, name=f"base_{name}", node=node)
+    for group, node in GROUP_SCHEMAS.items():
+        cs.store(group=group, name=f"base_{group}", node=node)
+    for registry in (ENVS, WORKFLOWS):
+        for name, node in registry.schemas.items():
+            cs.store(group=registry.group, name=f"base_{name}", node=node)

@@ -1,22 +1,36 @@
-"""Compose a config from command-line overrides before a Hydra app runs, and explain failures in one line.
+"""Validate a config completely before a run starts, and explain every failure in one line.
 
 Hydra reports composition errors over several lines with exit code 1. ``check_overrides`` composes
-every value of every sweep once (each alone, the other sweeps at their first value) and raises a
-``ConfigError`` naming the key and, where there is a list, the valid choices.
+every value of every sweep once (each alone, the other sweeps at their first value) and runs
+``check_config`` on it, raising a ``ConfigError`` naming the key and, where there is a list, the valid
+choices. ``check_config`` holds every rule of a run config that needs no model: keys no schema
+declares, field ranges (``schema.bounded``), names of registered plug-ins and the rules across groups.
+It runs in the ``marl`` process before Hydra makes a run dir, and again at the start of every job.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
+from marl_cli.envs.base import ENVS
+from marl_cli.policies.roles import assign_roles
+from marl_cli.rollout.backends import BACKENDS
+from marl_cli.workflows.base import WORKFLOWS
+
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 def sweep_variants(overrides: list[str]) -> list[list[str]]:
@@ -73,8 +87,106 @@ def describe(exc: BaseException) -> str:
     return " ".join(str(exc).replace("\t", " ").split())
 
 
-def check_overrides(config_name: str, overrides: list[str]) -> None:
-    """Compose ``config_name`` with ``overrides`` (and each sweep value); raise ConfigError on failure."""
+def _typed_nodes(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig, type]]:
+    """Every config node backed by a dataclass schema, with its dotted path (``"trainer."``)."""
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        yield path, node, schema
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            yield from _typed_nodes(child, f"{path}{key}.")
+
+
+def check_schema(cfg: DictConfig) -> None:
+    """Keys no schema declares (``+trainer.foo=1``) and values outside their field's bounds."""
+    for path, node, schema in _typed_nodes(cfg):
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        for key in node:
+            if key not in fields:
+                raise ConfigError(f"{path}{key}: no such key; valid keys: {', '.join(fields)}")
+            bounds = fields[key].metadata
+            value = node[key]
+            if not bounds or value is None:
+                continue
+            ge, gt, le = bounds.get("ge"), bounds.get("gt"), bounds.get("le")
+            if (ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le):
+                wanted = " and ".join(f"{op} {b}" for op, b in ((">=", ge), (">", gt), ("<=", le)) if b is not None)
+                raise ConfigError(f"{path}{key}={value}: must be {wanted}")
+
+
+def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
+    """The sub roles decoupled M-GRPO trainers exchange (none for ``trainer.role=all``), after checking the
+    setup: decoupled trainers need a hierarchical algorithm and the sub roles on their own full model."""
+    role = cfg.trainer.role
+    if role == "all":
+        return []
+    if not ALGORITHMS.get(cfg.algorithm.name).hierarchical:
+        raise ConfigError(f"trainer.role={role} runs decoupled M-GRPO trainers; it needs algorithm=m_grpo")
+    subs = [r for r in cfg.algorithm.aligned_roles if r in role_map]
+    if not subs:
+        raise ConfigError(f"trainer.role={role}: the workflow has none of algorithm.aligned_roles "
+                          f"{list(cfg.algorithm.aligned_roles)}")
+    shared = {role_map[r] for r in subs} & {p for r, p in role_map.items() if r not in subs}
+    if cfg.policy.name == "lora_per_role" or shared:
+        raise ConfigError(f"trainer.role={role}: the sub-agent must have its own full model (policy=per_role)")
+    return subs
+
+
+def check_run(cfg: DictConfig) -> None:
+    """The rules across groups: registered names, rollout mode, roles, decoupled trainers, what a run loads."""
+    ENVS.get(cfg.env.name)
+    BACKENDS.get(cfg.rollout.backend)
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)
+    if cfg.algorithm.mode not in algorithm.modes:
+        raise ConfigError(f"algorithm.mode={cfg.algorithm.mode} is not defined for algorithm={cfg.algorithm.name}; "
+                          f"choose from: {', '.join(algorithm.modes)} (tree rollouts are algorithm=at_grpo)")
+    if WORKFLOWS.get(cfg.workflow.name).trajectory_rewards and not algorithm.hierarchical:
+        raise ConfigError(f"workflow={cfg.workflow.name} rewards whole trajectories; train it with algorithm=m_grpo")
+    if not DEVICE.fullmatch(cfg.device):
+        raise ConfigError(f"device={cfg.device!r}: choose from auto, cpu, mps, cuda, cuda:<index>")
+    roles = list(cfg.workflow.roles)
+    role_map = assign_roles(cfg.policy, roles)
+    unknown = sorted(set(cfg.trainer.frozen_roles) - set(roles))
+    if unknown:
+        raise ConfigError(f"trainer.frozen_roles names roles {unknown} that the workflow lacks; roles: {roles}")
+    sub_roles(cfg, role_map)
+    if cfg.trainer.init_from and cfg.policy.name == "lora_per_role":
+        raise ConfigError("trainer.init_from starts full-model policies; policy=lora_per_role keeps only adapters")
+    for key in ("trainer.resume", "trainer.init_from"):
+        where = OmegaConf.select(cfg, key)
+        if where and not Path(where).is_dir():
+            raise ConfigError(f"{key}={where}: no such directory")
+    if "eval" in cfg:
+        _check_eval(cfg)
+
+
+def _check_eval(cfg: DictConfig) -> None:
+    samples = cfg.eval.samples
+    if cfg.eval.temperature == 0 and samples > 1:
+        raise ConfigError(f"eval.samples={samples} with eval.temperature=0 repeats one greedy episode; "
+                          "set eval.temperature>0 to sample")
+    bad = [k for k in cfg.eval.pass_k if not 1 <= k <= samples]
+    if bad:
+        raise ConfigError(f"eval.pass_k={list(cfg.eval.pass_k)}: every k must be between 1 and eval.samples={samples}")
+    if cfg.load and not Path(cfg.load).exists():
+        raise ConfigError(f"load={cfg.load}: no such run or checkpoint directory")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every rule a composed run config must satisfy, checked before a run dir, a model or TRL is touched."""
+    check_schema(cfg)
+    check_run(cfg)
+
+
+def check_overrides(config_name: str, overrides: list[str], search_dirs: list[str] = ()) -> None:
+    """Compose ``config_name`` with ``overrides`` (and each sweep value) and check it; raise ConfigError on failure.
+
+    ``search_dirs`` are the user's config dirs (``--config-dir``), searched as Hydra's app searches them.
+    """
+    if search_dirs:
+        paths = ",".join(f"file://{d}" for d in search_dirs)
+        overrides = [*overrides, f"hydra.searchpath=[{paths}]"]
     try:
         variants = sweep_variants(overrides)
     except Exception as exc:
@@ -82,6 +194,10 @@ def check_overrides(config_name: str, overrides: list[str]) -> None:
     for variant in variants:
         try:
             with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-                compose(config_name=config_name, overrides=variant)
+                cfg = compose(config_name=config_name, overrides=variant)
+            if config_name != "report":
+                check_config(cfg)
+        except ConfigError:
+            raise
         except Exception as exc:
             raise ConfigError(describe(exc)) from exc

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.registry import Registry
 
 EVAL_SEED_BASE = 1_000_000_000
 """Evaluation tasks use seeds ``EVAL_SEED_BASE + i``; training seeds always lie below it."""
@@ -28,6 +29,10 @@ def task_seed(split: str, index: int, run_seed: int) -> int:
     elif split != "train":
         raise ValueError(f"unknown split {split!r}; expected train, warmstart or eval")
     return (run_seed * 1_000_003 + index) % EVAL_SEED_BASE
+
+
+ENVS: Registry[type[Env]] = Registry("env.name", "env")
+"""Environments by name; a class registers itself with ``@ENVS.register(name, schema=...)``."""
 
 
 @dataclass

@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.envs.base import Env, Transition
+from marl_cli.config.schema import CodeConfig
+from marl_cli.envs.base import ENVS, Env, Transition
 from marl_cli.envs.code_data import Problem, ProblemSet, Test, load_problems
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class CodeState:
     success: bool = False
 
 
+@ENVS.register("code", schema=CodeConfig)
 class CodeEnv(Env):
     """stdin→stdout programming problems scored on ground-truth tests in the sandbox."""
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import MathConfig
-from marl_cli.envs.base import EVAL_SEED_BASE, WARMSTART_OFFSET, Env, Transition, task_seed
+from marl_cli.envs.base import ENVS, EVAL_SEED_BASE, WARMSTART_OFFSET, Env, Transition, task_seed
 from marl_cli.envs.math_data import KINDS, MathTask, generate, load_tasks
 from marl_cli.envs.sources import load_splits
 
@@ -107,6 +107,7 @@ class MathState:
     done: bool = False
 
 
+@ENVS.register("math", schema=MathConfig)
 class MathEnv(Env):
     """Question answering with a Math-Verify checker; the oracle is the gold answer."""
 

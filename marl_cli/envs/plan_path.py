@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import PlanPathConfig
-from marl_cli.envs.base import Env, Transition
+from marl_cli.envs.base import ENVS, Env, Transition
 
 MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 _WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
@@ -121,6 +121,7 @@ class PlanPathState:
     success: bool = False
 
 
+@ENVS.register("plan_path", schema=PlanPathConfig)
 class PlanPathEnv(Env):
     """Grid path planning with a BFS oracle."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ResearchConfig
-from marl_cli.envs.base import WARMSTART_OFFSET, Env, Transition, task_seed
+from marl_cli.envs.base import ENVS, WARMSTART_OFFSET, Env, Transition, task_seed
 from marl_cli.envs.research_data import load_questions
 from marl_cli.envs.research_kb import Hop, KnowledgeBase
 from marl_cli.envs.sources import load_splits
@@ -33,7 +33,6 @@ from marl_cli.envs.web_search import WebSearch
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
-EVAL_KBS = ("separate", "train")
 _SUBTASK = re.compile(r"(?:the )?([a-z]+) of (.+)", re.IGNORECASE)
 
 
@@ -61,13 +60,12 @@ def normalise_answer(text: str) -> str:
     return re.sub(r"[\s.,;:!?]+$", "", " ".join(text.split()).casefold())
 
 
+@ENVS.register("research", schema=ResearchConfig)
 class ResearchEnv(Env):
     """Multi-hop questions over a generated KB (or an online source) with search/open tools."""
 
     def __init__(self, cfg: ResearchConfig, seed: int = 0, sandbox: object = None):
         super().__init__(cfg, seed, sandbox)
-        if cfg.eval_kb not in EVAL_KBS:
-            raise ConfigError(f"env.eval_kb={cfg.eval_kb!r} is unknown; choose from: {', '.join(EVAL_KBS)}")
         for key in ("people", "organisations", "cities", "countries"):
             if getattr(cfg, key) < 2:
                 raise ConfigError(f"env.{key} must be at least 2, got {getattr(cfg, key)}")

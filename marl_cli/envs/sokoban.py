@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import SokobanConfig
-from marl_cli.envs.base import Env, Transition
+from marl_cli.envs.base import ENVS, Env, Transition
 from marl_cli.envs.plan_path import MOVES, parse_moves
 
 SEARCH_CAP = 200_000
@@ -154,6 +154,7 @@ class SokobanState:
     success: bool = False
 
 
+@ENVS.register("sokoban", schema=SokobanConfig)
 class SokobanEnv(Env):
     """Sokoban with maps made by reverse play and a BFS oracle."""
 

@@ -26,7 +26,7 @@ from math import isqrt
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import SudokuConfig
-from marl_cli.envs.base import Env, Transition
+from marl_cli.envs.base import ENVS, Env, Transition
 
 MAX_HOLES = {4: 12, 9: 54}
 """The most blanks per size; near them a removal order may fall short, and the puzzle is resampled."""
@@ -166,6 +166,7 @@ class SudokuState:
     success: bool = False
 
 
+@ENVS.register("sudoku", schema=SudokuConfig)
 class SudokuEnv(Env):
     """Sudoku with unique solutions; the oracle answers with the solution grid."""
 

@@ -22,10 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source
+from marl_cli.policies.roles import LORA_BASE
 
-REGIMES = ("shared", "per_role", "lora_per_role")
-LORA_BASE = "lora_base"
-"""Where a lora_per_role run keeps its frozen (warm-started) base model, under the run dir."""
 _ADAPTER_FILE = "adapter_model.safetensors"
 
 
@@ -76,18 +74,6 @@ class Policy:
             return
         self.model.peft_config[self.adapter].save_pretrained(path)
         save_file(get_peft_model_state_dict(self.model, adapter_name=self.adapter), str(path / _ADAPTER_FILE))
-
-
-def assign_roles(policy_cfg: Any, roles: list[str]) -> dict[str, str]:
-    """Map each role to the name of the policy it acts through."""
-    if policy_cfg.name not in REGIMES:
-        raise ConfigError(f"policy.name={policy_cfg.name!r} is not a regime; choose from: {', '.join(REGIMES)}")
-    explicit = dict(policy_cfg.assignment or {})
-    unknown = sorted(set(explicit) - set(roles))
-    if unknown:
-        raise ConfigError(f"policy.assignment names roles {unknown} that the workflow lacks; roles: {roles}")
-    default = {role: ("shared" if policy_cfg.name == "shared" else role) for role in roles}
-    return {role: explicit.get(role, default[role]) for role in roles}
 
 
 def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir: Path,

@@ -20,7 +20,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
-from marl_cli.rollout.samples import pad_rows
+from marl_cli.rollout.padding import pad_rows
 
 
 @dataclass

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 
 @dataclass
 class Sample:
@@ -36,15 +34,3 @@ class Sample:
     sampling_logprobs: list[float] = field(default_factory=list)
     prompt_truncated: bool = False
     finished: bool = True
-
-
-def pad_rows(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows as one padded (ids, attention mask) pair: padded on the left (prompts) or the right."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        span = slice(width - len(r), width) if left else slice(0, len(r))
-        ids[i, span] = torch.tensor(r, dtype=torch.long)
-        mask[i, span] = 1
-    return ids, mask

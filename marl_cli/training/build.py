@@ -14,14 +14,6 @@ from marl_cli.sandbox import Sandbox
 from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
 
-BACKENDS = ("hf",)
-
-
-def check_backend(rollout: Any) -> None:
-    """A clear error for a generation backend marl does not have."""
-    if rollout.backend not in BACKENDS:
-        raise ConfigError(f"rollout.backend={rollout.backend!r} is unknown; choose from: {', '.join(BACKENDS)}")
-
 
 def resolve_device(name: str) -> torch.device:
     """``device=auto|cpu|cuda[:N]`` as a torch device; a clear error when CUDA is asked for but absent."""

@@ -28,30 +28,9 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.store import Store
 
 log = logging.getLogger(__name__)
-ROLES = ("all", "main", "sub")
 CONSUMER = "sub"
 WEIGHTS = "weights"
 KEEP_VERSIONS = 3
-
-
-def check_decoupled(cfg: Any, role_map: dict[str, str]) -> list[str]:
-    """The sub roles a decoupled trainer exchanges (none for ``trainer.role=all``), after checking the setup:
-    decoupled trainers need M-GRPO and the sub roles on their own full model."""
-    role = cfg.trainer.role
-    if role not in ROLES:
-        raise ConfigError(f"trainer.role={role!r} is unknown; choose from: {', '.join(ROLES)}")
-    if role == "all":
-        return []
-    if cfg.algorithm.name != "m_grpo":
-        raise ConfigError(f"trainer.role={role} runs decoupled M-GRPO trainers; it needs algorithm=m_grpo")
-    subs = [r for r in cfg.algorithm.aligned_roles if r in role_map]
-    if not subs:
-        raise ConfigError(f"trainer.role={role}: the workflow has none of algorithm.aligned_roles "
-                          f"{list(cfg.algorithm.aligned_roles)}")
-    if cfg.policy.name == "lora_per_role" or {role_map[r] for r in subs} & {p for r, p in role_map.items()
-                                                                          if r not in subs}:
-        raise ConfigError(f"trainer.role={role}: the sub-agent must have its own full model (policy=per_role)")
-    return subs
 
 
 def to_item(rows: list[Sample]) -> dict[str, Any]:

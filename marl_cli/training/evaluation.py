@@ -22,12 +22,15 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.policies.regime import LORA_BASE, Policy, assign_roles, attach_adapters, build_policies
+from marl_cli.config.validate import check_config
+from marl_cli.policies.regime import Policy, attach_adapters, build_policies
+from marl_cli.policies.roles import LORA_BASE, assign_roles
+from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
-from marl_cli.training.build import build_team, check_backend, resolve_device, sampling_from
+from marl_cli.training.build import build_team, resolve_device, sampling_from
 from marl_cli.training.checkpoint import latest_checkpoint
 from marl_cli.workflows.base import Workflow
 
@@ -131,28 +134,10 @@ def load_policies(cfg: DictConfig, role_map: dict[str, str], run_dir: Path, chec
     return build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name)
 
 
-def check_eval(cfg: DictConfig) -> tuple[int, ...]:
-    """The pass@k values to report, after checking the sampling settings agree with them."""
-    samples, pass_k = cfg.eval.samples, tuple(cfg.eval.pass_k)
-    if samples < 1:
-        raise ConfigError(f"eval.samples must be at least 1, got {samples}")
-    if cfg.eval.temperature < 0:
-        raise ConfigError(f"eval.temperature must be non-negative, got {cfg.eval.temperature}")
-    if cfg.eval.temperature == 0 and samples > 1:
-        raise ConfigError(f"eval.samples={samples} with eval.temperature=0 repeats one greedy episode; "
-                          "set eval.temperature>0 to sample")
-    bad = [k for k in pass_k if not 1 <= k <= samples]
-    if bad:
-        raise ConfigError(f"eval.pass_k={list(pass_k)}: every k must be between 1 and eval.samples={samples}")
-    if cfg.env.eval_size < 1:
-        raise ConfigError(f"env.eval_size must be at least 1, got {cfg.env.eval_size}")
-    return pass_k
-
-
 def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """``marl eval``: evaluate the loaded (or configured) policies; return the summary (also ``summary.json``)."""
-    pass_k = check_eval(cfg)
-    check_backend(cfg.rollout)
+    check_config(cfg)
+    pass_k = tuple(cfg.eval.pass_k)
     run_dir.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -179,7 +164,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), f"{cfg.name}-eval-{run_dir.name}")
     sampling = sampling_from(cfg.rollout, cfg.model, cfg.eval.temperature)
     try:
-        metrics = evaluate(workflow, policies, role_map, cfg.env.eval_size, sampling, HFGenerator(), "eval",
+        metrics = evaluate(workflow, policies, role_map, cfg.env.eval_size, sampling,
+                           BACKENDS.get(cfg.rollout.backend)(cfg), "eval",
                            cfg.eval.samples, pass_k)
         tracker.log(0, metrics)
         summary.update(metrics, status="completed")

@@ -24,26 +24,27 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from marl_cli.algorithms.grpo import assign_advantages
-from marl_cli.algorithms.mgrpo import mgrpo_advantages
+from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
-from marl_cli.policies.regime import LORA_BASE, Policy, assign_roles, attach_adapters, build_policies
+from marl_cli.config.validate import check_config, sub_roles
+from marl_cli.policies.regime import Policy, attach_adapters, build_policies
+from marl_cli.policies.roles import LORA_BASE, assign_roles
+from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.engine import rollout_metrics, row_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
-from marl_cli.training.build import build_team, check_backend, resolve_device, sampling_from
+from marl_cli.training.build import build_team, resolve_device, sampling_from
 from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
-from marl_cli.training.decoupled import Exchange, check_decoupled
+from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.policy_trainer import PolicyTrainer
 from marl_cli.training.warmstart import cached_warm_start
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
-ALGORITHMS = ("grpo", "at_grpo", "m_grpo")
 READABLE_ROWS = 4
 """Completions per agent written to ``samples.jsonl`` (training rows every ``log_completions_every`` steps;
 at the final eval, every row of this many episodes)."""
@@ -64,15 +65,6 @@ def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[s
     return " | ".join(parts)
 
 
-def advantages(samples: list[Sample], algorithm: Any, rng: random.Random,
-               rollouts: dict[int, list[int]] | None = None) -> tuple[list[Sample], dict[str, float]]:
-    """The training rows with advantages, and the algorithm's statistics."""
-    if algorithm.name == "m_grpo":
-        return mgrpo_advantages(samples, algorithm.align_d, algorithm.aligned_roles, algorithm.norm_by_std,
-                                algorithm.std_eps, algorithm.filter, rng, rollouts)
-    return samples, assign_advantages(samples, algorithm.norm_by_std, algorithm.std_eps, algorithm.filter)
-
-
 def update_policies(samples: list[Sample], cfg: DictConfig, trainers: dict[str, PolicyTrainer],
                     trained_roles: set[str], rng: random.Random,
                     rollouts: dict[int, list[int]] | None = None) -> tuple[dict[str, float], list[Sample]]:
@@ -80,7 +72,7 @@ def update_policies(samples: list[Sample], cfg: DictConfig, trainers: dict[str, 
 
     Returns the metrics and the rows as trained (M-GRPO's aligned copies, each with its advantage).
     """
-    rows, stats = advantages(samples, cfg.algorithm, rng, rollouts)
+    rows, stats = ALGORITHMS.get(cfg.algorithm.name).advantages(samples, cfg.algorithm, rng, rollouts)
     metrics = {f"train/{k}": v for k, v in stats.items()}
     metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
     for name, trainer in trainers.items():
@@ -152,11 +144,8 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
 
 def trained_roles_of(cfg: DictConfig, roles: list[str]) -> set[str]:
     """The roles this process updates: all but the frozen ones, split by ``trainer.role`` when decoupled."""
-    unknown = sorted(set(cfg.trainer.frozen_roles) - set(roles))
-    if unknown:
-        raise ConfigError(f"trainer.frozen_roles names roles {unknown} that the workflow lacks; roles: {roles}")
     trained = set(roles) - set(cfg.trainer.frozen_roles)
-    subs = set(cfg.algorithm.aligned_roles) if cfg.algorithm.name == "m_grpo" else set()
+    subs = set(cfg.algorithm.aligned_roles) if ALGORITHMS.get(cfg.algorithm.name).hierarchical else set()
     if cfg.trainer.role == "main":
         return trained - subs
     if cfg.trainer.role == "sub":
@@ -164,30 +153,8 @@ def trained_roles_of(cfg: DictConfig, roles: list[str]) -> set[str]:
     return trained
 
 
-def _check(cfg: DictConfig) -> None:
-    if cfg.algorithm.name not in ALGORITHMS:
-        raise ConfigError(f"algorithm.name={cfg.algorithm.name!r} is unknown; choose from: {', '.join(ALGORITHMS)}")
-    if cfg.algorithm.name in ("grpo", "m_grpo") and cfg.algorithm.mode != "independent":
-        raise ConfigError(f"algorithm={cfg.algorithm.name} samples independent episodes; "
-                          "tree rollouts are algorithm=at_grpo")
-    check_backend(cfg.rollout)
-    for key, value in (("algorithm.num_generations", cfg.algorithm.num_generations),
-                       ("rollout.tasks_per_step", cfg.rollout.tasks_per_step),
-                       ("trainer.mini_batch_size", cfg.trainer.mini_batch_size),
-                       ("trainer.num_iterations", cfg.trainer.num_iterations),
-                       ("env.eval_size", cfg.env.eval_size)):
-        if value < 1:
-            raise ConfigError(f"{key} must be at least 1, got {value}")
-    if cfg.trainer.steps < 0:
-        raise ConfigError(f"trainer.steps must be non-negative, got {cfg.trainer.steps}")
-    if cfg.rollout.temperature <= 0:
-        raise ConfigError("rollout.temperature must be positive for training rollouts (eval_temperature may be 0)")
-
-
-def initial_policies(checkpoint: Path, names: set[str], lora: bool) -> dict[str, str]:
+def initial_policies(checkpoint: Path, names: set[str]) -> dict[str, str]:
     """Where each policy starts under ``trainer.init_from``: ``<checkpoint>/policies/<name>`` (full models)."""
-    if lora:
-        raise ConfigError("trainer.init_from starts full-model policies; policy=lora_per_role keeps only adapters")
     missing = sorted(n for n in names if not (checkpoint / "policies" / n / "config.json").exists())
     if missing:
         raise ConfigError(f"trainer.init_from={checkpoint}: no saved model for policies {missing} under "
@@ -197,7 +164,7 @@ def initial_policies(checkpoint: Path, names: set[str], lora: bool) -> dict[str,
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Run (or resume) one training run; return its summary (also written to ``summary.json``)."""
-    _check(cfg)
+    check_config(cfg)
     checkpoint = None
     if cfg.trainer.resume:
         run_dir = Path(cfg.trainer.resume).resolve()
@@ -208,14 +175,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     device = resolve_device(cfg.device)
 
     workflow = build_team(cfg)
-    if workflow.trajectory_rewards and cfg.algorithm.name != "m_grpo":
-        raise ConfigError(f"workflow={cfg.workflow.name} rewards whole trajectories; train it with algorithm=m_grpo")
     role_map = assign_roles(cfg.policy, workflow.roles)
-    sub_roles = check_decoupled(cfg, role_map)
+    subs = sub_roles(cfg, role_map)
     trained_roles = trained_roles_of(cfg, workflow.roles)
     exchange = None
     if cfg.trainer.role != "all":
-        exchange = Exchange(build_store(cfg.store), cfg, run_dir, sub_roles, role_map[sub_roles[0]])
+        exchange = Exchange(build_store(cfg.store), cfg, run_dir, subs, role_map[subs[0]])
     sub_only = cfg.trainer.role == "sub"  # the decoupled sub trainer: no rollouts, no eval, the sub policy only
     owned = {r: p for r, p in role_map.items() if not sub_only or r in exchange.sub_roles}
     lora = cfg.policy.name == "lora_per_role"
@@ -223,7 +188,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if checkpoint is not None:
         saved = {name: str(checkpoint / "policies" / name) for name in set(owned.values())}
     elif cfg.trainer.init_from:
-        saved = initial_policies(Path(cfg.trainer.init_from), set(owned.values()), lora)
+        saved = initial_policies(Path(cfg.trainer.init_from), set(owned.values()))
     sources = {LORA_BASE: str(run_dir / LORA_BASE)} if lora and checkpoint is not None else saved
     policies = build_policies(owned, cfg.model, cfg.seed, run_dir, device, sources, cfg.policy.name,
                               master_weights=True)
@@ -240,7 +205,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     write_json(summary_path, summary)
 
     tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), f"{cfg.name}-{run_dir.name}")
-    generator = HFGenerator()
+    generator = BACKENDS.get(cfg.rollout.backend)(cfg)
     train_sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
     eval_sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.eval_temperature)
     rng = random.Random(cfg.seed)

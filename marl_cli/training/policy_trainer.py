@@ -26,7 +26,8 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from marl_cli.policies.regime import Policy
-from marl_cli.rollout.samples import Sample, pad_rows
+from marl_cli.rollout.padding import pad_rows
+from marl_cli.rollout.samples import Sample
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:

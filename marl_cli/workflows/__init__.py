@@ -1,26 +1,19 @@
-"""Workflows by name: ``build_workflow`` turns a ``workflow`` config into an instance."""
+"""Workflows by name: every module of this package registers its workflows in ``WORKFLOWS`` when imported
+(all are imported here, so a new workflow is one module plus its YAML); ``build_workflow`` builds one."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
-from marl_cli.config.errors import ConfigError
 from marl_cli.envs.base import Env
-from marl_cli.workflows.base import Workflow
-from marl_cli.workflows.code_test import CodeTestWorkflow
-from marl_cli.workflows.research import DeepResearchWorkflow, SoloResearchWorkflow
-from marl_cli.workflows.single_agent import SingleAgentWorkflow
-from marl_cli.workflows.tool_plan import ToolPlanWorkflow
-from marl_cli.workflows.tool_reason import ToolReasonWorkflow
+from marl_cli.workflows.base import WORKFLOWS, Workflow
 
-WORKFLOWS: dict[str, type[Workflow]] = {"single_agent": SingleAgentWorkflow, "tool_plan": ToolPlanWorkflow,
-                                         "tool_reason": ToolReasonWorkflow, "code_test": CodeTestWorkflow,
-                                         "deep_research": DeepResearchWorkflow, "solo_research": SoloResearchWorkflow}
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def build_workflow(cfg: Any, env: Env) -> Workflow:
-    """The workflow named by ``cfg.name``."""
-    if cfg.name not in WORKFLOWS:
-        raise ConfigError(
-            f"workflow.name={cfg.name!r} is not registered; choose from: {', '.join(sorted(WORKFLOWS))}")
-    return WORKFLOWS[cfg.name](cfg, env)
+    """The workflow named by ``cfg.name`` over ``env``."""
+    return WORKFLOWS.get(cfg.name)(cfg, env)

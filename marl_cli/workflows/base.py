@@ -19,9 +19,12 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.envs.base import Env
+from marl_cli.registry import Registry
 from marl_cli.rollout.samples import Sample
 from marl_cli.sandbox import SandboxResult
 
+WORKFLOWS: Registry[type[Workflow]] = Registry("workflow.name", "workflow")
+"""Workflows by name; a class registers itself with ``@WORKFLOWS.register(name, schema=...)``."""
 _FENCE = re.compile(r"```(?:python|py)?\s*\n?(.*?)```", re.DOTALL)
 
 

@@ -32,9 +32,10 @@ from dataclasses import replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import CodeTestConfig
 from marl_cli.envs.code import CodeEnv, CodeState, Run
 from marl_cli.envs.code_data import Test
-from marl_cli.workflows.base import Outcome, TeamState, Workflow, extract_code
+from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow, extract_code
 
 NOTE_CHARS = 800
 """Longest note (program or tests) shown to the other agent; longer ones keep their start."""
@@ -66,6 +67,7 @@ def parse_tests(answer: str | None, limit: int) -> tuple[Test, ...]:
     return tuple(tests)
 
 
+@WORKFLOWS.register("code_test", schema=CodeTestConfig)
 class CodeTestWorkflow(Workflow):
     """``coder`` ∥ ``tester`` in one parallel stage per turn, over ``env=code``."""
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import ResearchWorkflowConfig
 from marl_cli.rollout.samples import Sample
-from marl_cli.workflows.base import Outcome, TeamState, Workflow
+from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 _ACTION = re.compile(r"^[ \t]*(search|open|result|call|answer)[ \t]*:[ \t]*(\S[^\n]*?)[ \t]*$", re.I | re.M)
 
@@ -113,6 +114,7 @@ class ResearchWorkflow(Workflow):
                 row.info["expert"] = call.expert
 
 
+@WORKFLOWS.register("deep_research", schema=ResearchWorkflowConfig)
 class DeepResearchWorkflow(ResearchWorkflow):
     """M-GRPO's hierarchy: the main agent plans and calls the sub-agent, which searches and reads.
 
@@ -194,6 +196,7 @@ class DeepResearchWorkflow(ResearchWorkflow):
         return _oracle_tool_use(self.env, task, state.active.subtask, len(state.active.steps), "result")
 
 
+@WORKFLOWS.register("solo_research", schema=ResearchWorkflowConfig)
 class SoloResearchWorkflow(ResearchWorkflow):
     """The single-agent baseline: one agent with every tool (search, open, answer) and the main reward.
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.workflows.base import Outcome, TeamState, Workflow
+from marl_cli.config.schema import WorkflowConfig
+from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 
+@WORKFLOWS.register("single_agent", schema=WorkflowConfig)
 class SingleAgentWorkflow(Workflow):
     """The degenerate workflow: one role, every turn; its local reward is the environment's reward."""
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.workflows.base import Outcome, TeamState, Workflow
+from marl_cli.config.schema import WorkflowConfig
+from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 
+@WORKFLOWS.register("tool_plan", schema=WorkflowConfig)
 class ToolPlanWorkflow(Workflow):
     """``tool`` (Python, simulated on a copy) then ``plan`` (applied to the real environment)."""
 

@@ -23,8 +23,9 @@ from dataclasses import replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import WorkflowConfig
 from marl_cli.envs.math_problems import MathEnv, answers_match, extract_answer
-from marl_cli.workflows.base import Outcome, TeamState, Workflow
+from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 TOOL_ERROR = "error"
 """The tool's note when its code gave no answer (missing, crashed, timed out or printed nothing)."""
@@ -36,6 +37,7 @@ def printed_answer(stdout: str) -> str | None:
     return extract_answer(lines[-1]) if lines else None
 
 
+@WORKFLOWS.register("tool_reason", schema=WorkflowConfig)
 class ToolReasonWorkflow(Workflow):
     """``tool`` (Python, scored on a copy) then ``reasoner`` (applied to the real environment)."""
 

@@ -53,12 +53,6 @@ def test_lora_run_resumes_from_its_adapters(tmp_path):
     assert [r["step"] for r in _records(run) if "train/success" in r] == [1, 2]
 
 
-def test_grpo_rejects_tree_mode(tmp_path):
-    out = marl("train", *FAST, "algorithm.mode=tree", f"hydra.run.dir={tmp_path}")
-    assert out.returncode == 2
-    assert "algorithm=grpo samples independent episodes" in out.stderr.strip().splitlines()[-1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", [
     ["env=plan_path", "env.size=4", "workflow=tool_plan"],

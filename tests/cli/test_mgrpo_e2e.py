@@ -14,12 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from marl_cli.config.schema import StoreConfig
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.paths import config_dir
+from marl_cli.config.schema import StoreConfig, register_configs
+from marl_cli.config.validate import check_overrides
 from marl_cli.store import build_store
+from marl_cli.training.loop import train
 from tests.helpers import marl
+
+register_configs()
 
 SMALL = ["model.tiny.hidden_size=64", "model.tiny.intermediate_size=128", "model.tiny.num_hidden_layers=2",
          "model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=1", "model.tiny.head_dim=32"]
@@ -160,11 +167,12 @@ def test_decoupled_trainers_over_redis_asynchronous(warm_model, tmp_path):
 
 
 def test_config_errors(tmp_path):
-    result = marl("train", *SMALL, *RESEARCH, "policy=shared", "trainer.role=sub", f"hydra.run.dir={tmp_path / 'x'}")
-    assert result.returncode == 2 and "own full model" in result.stderr
-    result = marl("train", *SMALL, "trainer.role=main", f"hydra.run.dir={tmp_path / 'y'}")
-    assert result.returncode == 2 and "algorithm=m_grpo" in result.stderr
-    result = marl("train", *SMALL, "env=research", "workflow=solo_research", f"hydra.run.dir={tmp_path / 'z'}")
-    assert result.returncode == 2 and "rewards whole trajectories" in result.stderr
-    result = marl("train", *SMALL, f"trainer.init_from={tmp_path}", f"hydra.run.dir={tmp_path / 'w'}")
-    assert result.returncode == 2 and "no saved model for policies ['shared']" in result.stderr
+    for overrides, message in (([*RESEARCH, "policy=shared", "trainer.role=sub"], "own full model"),
+                               (["trainer.role=main"], "needs algorithm=m_grpo"),
+                               (["env=research", "workflow=solo_research"], "rewards whole trajectories")):
+        with pytest.raises(ConfigError, match=message):
+            check_overrides("train", [*SMALL, *overrides])
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*SMALL, "logger=none", f"trainer.init_from={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"no saved model for policies \['shared'\]"):
+        train(cfg, tmp_path / "w")

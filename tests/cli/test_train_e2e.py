@@ -4,9 +4,16 @@ import json
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.paths import config_dir
+from marl_cli.config.schema import register_configs
+from marl_cli.training.loop import train
 from tests.helpers import FAST, marl
+
+register_configs()
 
 
 def _records(run: Path) -> list[dict]:
@@ -70,9 +77,10 @@ def test_resume_continues_from_last_checkpoint(run_dir, tmp_path):
 
 
 def test_resume_without_checkpoint_fails_cleanly(tmp_path):
-    out = marl("train", *FAST, f"trainer.resume={tmp_path}", f"hydra.run.dir={tmp_path / 'x'}")
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("marl train: error: trainer.resume=")
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*FAST, f"trainer.resume={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^trainer.resume=.*: the run has no checkpoint under checkpoints/$"):
+        train(cfg, tmp_path / "x")
 
 
 def test_multirun_writes_one_run_per_value(tmp_path):

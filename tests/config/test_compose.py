@@ -1,5 +1,6 @@
 """Every config in conf/ composes; typos and type errors give a one-line error."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -8,14 +9,16 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
-from marl_cli.config.validate import check_overrides, sweep_variants
+from marl_cli.config.schema import LossType, SchedulerType, register_configs
+from marl_cli.config.validate import check_config, check_overrides, sweep_variants
 from tests.helpers import marl
 
 register_configs()
 CONF = config_dir()
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")) if g != "experiment"]
+SUBPROCESS_START_S = 2.0
+"""Slack for the test machine's process start-up beyond what the command itself takes."""
 EXPERIMENTS = sorted(str(p.relative_to(CONF / "experiment").with_suffix(""))
                      for p in (CONF / "experiment").rglob("*.yaml"))
 
@@ -32,14 +35,18 @@ def test_every_group_option_composes(group, option):
         overrides.append("model.name_or_path=some/model")
     if (group, option) == ("dry_run", "cpu_embedded"):
         overrides.append("env=math")
+    if (group, option) in (("workflow", "deep_research"), ("workflow", "solo_research")):
+        overrides.append("algorithm=m_grpo")  # workflows rewarded per trajectory train with M-GRPO
     cfg = _compose(overrides)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    check_config(cfg)
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes(experiment):
     cfg = _compose([f"experiment={experiment}"])
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    check_config(cfg)
     assert cfg.name != "default"
 
 
@@ -53,6 +60,32 @@ def test_config_dir_is_the_checkout_conf():
     ("env=plan_pth", "env=plan_pth: no such option; choose from: code, math, plan_path, research, sokoban, sudoku"),
     ("seeed=1", "seeed: no such key; valid keys: env, workflow"),
     ("env.size=1.5", "env.size: Value '1.5' of type 'float' could not be converted to Integer"),
+    ("trainer.loss_type=bnp0", "trainer.loss_type: Invalid value 'bnp0', expected one of [grpo, dr_grpo, dapo, bnpo"),
+    ("algorithm.filter=zero-std", "algorithm.filter: Invalid value 'zero-std', expected one of [none, zero_std]"),
+    ("trainer.lr_scheduler_type=cosin", "trainer.lr_scheduler_type: Invalid value 'cosin', expected one of [linear"),
+    ("model.dtype=bf16", "model.dtype: Invalid value 'bf16', expected one of [float32, bfloat16, float16]"),
+    ("trainer.role=both", "trainer.role: Invalid value 'both', expected one of [all, main, sub]"),
+    ("+trainer.foo=1", "trainer.foo: no such key; valid keys: steps, learning_rate"),
+    ("+foo=1", "foo: no such key; valid keys: env, workflow"),
+    ("trainer.learning_rate=0", "trainer.learning_rate=0.0: must be > 0.0"),
+    ("trainer.save_every=-1", "trainer.save_every=-1: must be >= 0"),
+    ("trainer.log_every=0", "trainer.log_every=0: must be >= 1"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0: must be >= 1"),
+    ("rollout.max_prompt_length=0", "rollout.max_prompt_length=0: must be >= 1"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5: must be > 0.0 and <= 1.0"),
+    ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0.0"),
+    ("threads=-1", "threads=-1: must be >= 0"),
+    ("env.name=nope", "env.name='nope' is not registered; choose from: code, math, plan_path, research"),
+    ("workflow.name=nope", "workflow.name='nope' is not registered; choose from: code_test, deep_research"),
+    ("algorithm.name=ppo", "algorithm.name='ppo' is not registered; choose from: at_grpo, grpo, m_grpo"),
+    ("rollout.backend=sglang", "rollout.backend='sglang' is not registered; choose from: hf"),
+    ("policy.name=bogus", "policy.name='bogus' is not a regime; choose from: shared, per_role, lora_per_role"),
+    ("algorithm.mode=tree", "algorithm.mode=tree is not defined for algorithm=grpo; choose from: independent"),
+    ("device=gpu", "device='gpu': choose from auto, cpu, mps, cuda, cuda:<index>"),
+    ("trainer.frozen_roles=[ghost]", "trainer.frozen_roles names roles ['ghost'] that the workflow lacks"),
+    ("trainer.role=sub", "trainer.role=sub runs decoupled M-GRPO trainers; it needs algorithm=m_grpo"),
+    ("trainer.resume=/no/such/run", "trainer.resume=/no/such/run: no such directory"),
+    ("workflow=deep_research", "workflow=deep_research rewards whole trajectories; train it with algorithm=m_grpo"),
 ])
 def test_errors_are_one_line(override, message):
     with pytest.raises(ConfigError) as err:
@@ -76,11 +109,24 @@ def test_cli_typo_exits_2_with_one_line():
     assert "Traceback" not in out.stderr
 
 
-def test_cli_semantic_error_exits_2(tmp_path):
-    out = marl("train", "policy.name=bogus", "logger=none", f"hydra.run.dir={tmp_path}")
+def test_cli_bad_choice_fails_fast_and_makes_no_run_dir(tmp_path):
+    t0 = time.perf_counter()
+    out = marl("train", "trainer.loss_type=bnp0", f"hydra.run.dir={tmp_path / 'run'}")
+    assert time.perf_counter() - t0 < 3 + SUBPROCESS_START_S
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1] == (
-        "marl train: error: policy.name='bogus' is not a regime; choose from: shared, per_role, lora_per_role")
+    assert out.stderr.strip().splitlines() == [
+        "marl train: error: trainer.loss_type: Invalid value 'bnp0', expected one of "
+        "[grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo]"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_choices_match_trl_and_transformers():
+    from transformers import SchedulerType as HFSchedulers
+    from trl import GRPOConfig
+
+    assert {s.value for s in SchedulerType} <= {s.value for s in HFSchedulers}
+    for loss in LossType:
+        assert GRPOConfig(output_dir="unused", loss_type=loss, report_to=[], use_cpu=True, bf16=False).loss_type == loss
 
 
 def test_cli_help_lists_commands_and_groups():

@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
@@ -439,5 +440,5 @@ def test_eval_kb_train_asks_eval_questions_about_the_training_kb():
     assert task.split == "train" and task.question != shared.task("train", 0).question
     assert shared.subtask_answer(task, task.hops[0].subtask) == task.hops[0].answer
     assert shared.doc_id(task, task.hops[0].subtask.split(" of ", 1)[1]) is not None
-    with pytest.raises(ConfigError, match="eval_kb"):
-        ResearchEnv(OmegaConf.structured(ResearchConfig(eval_kb="both")))
+    with pytest.raises(ValidationError, match="expected one of \\[separate, train\\]"):
+        OmegaConf.structured(ResearchConfig(eval_kb="both"))

@@ -6,7 +6,8 @@ import torch
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import ModelConfig, PolicyConfig, TrainerConfig
-from marl_cli.policies.regime import LORA_BASE, assign_roles, attach_adapters, build_policies
+from marl_cli.policies.regime import attach_adapters, build_policies
+from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.policy_trainer import PolicyTrainer
 from tests.policies.test_tiny import SMALL

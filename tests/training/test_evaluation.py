@@ -10,11 +10,11 @@ from hydra import compose, initialize_config_dir
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
-from marl_cli.policies.regime import assign_roles
+from marl_cli.policies.roles import assign_roles
 from marl_cli.policies.tiny import save_tiny
 from marl_cli.rollout.generation import Sampling
 from marl_cli.training.build import build_team
-from marl_cli.training.evaluation import check_eval, evaluate, load_policies, pass_at_k, resolve_load
+from marl_cli.training.evaluation import evaluate, load_policies, pass_at_k, resolve_load
 from tests.helpers import TINY, ScriptedGenerator
 
 register_configs()
@@ -62,18 +62,15 @@ def test_evaluate_counts_pass_at_k_per_task():
 @pytest.mark.parametrize("overrides,message", [
     (["eval.samples=4"], "repeats one greedy episode"),
     (["eval.samples=2", "eval.temperature=1", "eval.pass_k=[1,3]"], "between 1 and eval.samples=2"),
-    (["eval.samples=0"], "eval.samples must be at least 1"),
+    (["eval.samples=0"], r"eval.samples=0: must be >= 1"),
+    (["rollout.backend=vllm"], "rollout.backend='vllm' is not registered"),
 ])
-def test_bad_sampling_settings_are_refused(overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        check_eval(_cfg(*overrides))
-
-
-def test_an_unknown_backend_is_refused(tmp_path):
+def test_bad_eval_settings_are_refused_before_the_run_dir(tmp_path, overrides, message):
     from marl_cli.training.evaluation import run_evaluation
 
-    with pytest.raises(ConfigError, match="rollout.backend='vllm' is unknown"):
-        run_evaluation(_cfg("rollout.backend=vllm"), tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        run_evaluation(_cfg(*overrides), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def _checkpoint(root: Path, names: list[str], seed: int = 0) -> Path:

@@ -9,7 +9,8 @@ from hydra import compose, initialize_config_dir
 
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
-from marl_cli.policies.regime import assign_roles, build_policies
+from marl_cli.policies.regime import build_policies
+from marl_cli.policies.roles import assign_roles
 from marl_cli.training.build import build_team
 from marl_cli.training.loop import step_line, train, warm_start_all
 from tests.helpers import FAST

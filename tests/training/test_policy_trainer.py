@@ -5,7 +5,8 @@ import torch
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import ModelConfig, TrainerConfig
-from marl_cli.policies.regime import assign_roles, build_policies
+from marl_cli.policies.regime import build_policies
+from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.policy_trainer import PolicyTrainer, collate
 from tests.policies.test_tiny import SMALL

@@ -1,0 +1,38 @@
+"""What an algorithm is to the training loop: an advantage estimator and the rollouts it accepts.
+
+An algorithm registers itself beside its estimator (``ALGORITHMS.register(name)(Algorithm(...))``);
+``algorithm.name`` in a config selects it, and ``config.validate`` checks its rules before a run starts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from marl_cli.registry import Registry
+from marl_cli.rollout.samples import Sample
+
+Estimator = Callable[[list[Sample], Any, random.Random, "dict[int, list[int]] | None"],
+                     tuple[list[Sample], dict[str, float]]]
+"""``(rows, algorithm config, rng, rollouts per task or None) -> (rows as trained with advantages, statistics)``."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An advantage estimator and what it needs.
+
+    Args:
+        advantages: the estimator (see ``Estimator``); it may return copies of rows (M-GRPO's alignment).
+        modes: the rollout modes (``algorithm.mode``) it is defined for.
+        hierarchical: it aligns the sub-agents' trajectories (``algorithm.aligned_roles``), so it
+            trains workflows rewarded per trajectory and can run as decoupled main/sub trainers.
+    """
+
+    advantages: Estimator
+    modes: tuple[str, ...] = ("independent",)
+    hierarchical: bool = False
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm.name")

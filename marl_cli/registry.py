@@ -1,0 +1,102 @@
+"""Plug-ins by name: what a config's ``<group>.name`` (or ``rollout.backend``) selects.
+
+One ``Registry`` per kind (environments, workflows, algorithms, policy regimes, rollout backends).
+A plug-in registers itself beside its class, with the schema of its config group::
+
+    @ENVS.register("grid", schema=GridConfig)
+    class GridEnv(Env): ...
+
+The schema is stored in Hydra's ConfigStore as ``<group>/base_<name>``, so the group's YAML starts
+its defaults list with ``base_<name>`` and a typo fails at composition. Packages outside marl
+register the same way from a module named in the ``marl.plugins`` entry-point group or in the
+``MARL_PLUGINS`` environment variable (comma-separated modules or ``.py`` files), which every
+``marl`` command imports before it composes a config.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from marl_cli.config.errors import ConfigError
+
+T = TypeVar("T")
+PLUGIN_GROUP = "marl.plugins"
+PLUGIN_ENV = "MARL_PLUGINS"
+
+
+class Registry(Generic[T]):
+    """Named plug-ins of one kind, each with an optional config schema.
+
+    Args:
+        key: the config key that names a plug-in (``env.name``), used in error messages.
+        group: the config group whose schemas this registry holds (``env``); empty for none.
+    """
+
+    def __init__(self, key: str, group: str = ""):
+        self.key = key
+        self.group = group
+        self._entries: dict[str, T] = {}
+        self.schemas: dict[str, type] = {}
+
+    def register(self, name: str, schema: type | None = None) -> Callable[[T], T]:
+        """A decorator filing its argument under ``name`` (and ``schema`` as ``<group>/base_<name>``)."""
+
+        def add(entry: T) -> T:
+            if name in self._entries and self._entries[name] is not entry:
+                raise ValueError(f"{self.key}={name!r} is registered twice")
+            self._entries[name] = entry
+            if schema is not None:
+                self.schemas[name] = schema
+            return entry
+
+        return add
+
+    def get(self, name: str) -> T:
+        """The plug-in named ``name``; a one-line ``ConfigError`` naming the choices if there is none."""
+        if name not in self._entries:
+            raise ConfigError(f"{self.key}={name!r} is not registered; choose from: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+
+_loaded: set[str] = set()
+
+
+def load_plugins() -> None:
+    """Import every plug-in module named by the ``marl.plugins`` entry points and ``MARL_PLUGINS`` (once each)."""
+    names = [ep.value for ep in entry_points(group=PLUGIN_GROUP)]
+    names += [n.strip() for n in os.environ.get(PLUGIN_ENV, "").split(",") if n.strip()]
+    for name in names:
+        if name in _loaded:
+            continue
+        try:
+            _import(name)
+        except Exception as exc:
+            raise ConfigError(f"plug-in {name!r} failed to import: {type(exc).__name__}: {exc}") from exc
+        _loaded.add(name)
+
+
+def _import(name: str) -> None:
+    if not name.endswith(".py"):
+        importlib.import_module(name)
+        return
+    path = Path(name).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    module_name = f"marl_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)

@@ -1,0 +1,15 @@
+"""The ``hf`` rollout backend: transformers' ``generate`` in this process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marl_cli.rollout.backends.base import BACKENDS
+
+
+@BACKENDS.register("hf")
+def hf_backend(cfg: Any) -> Any:
+    """transformers' ``generate`` in this process, on the policy's own device."""
+    from marl_cli.rollout.generation import HFGenerator
+
+    return HFGenerator()
