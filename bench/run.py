@@ -26,12 +26,11 @@ from hydra import compose, initialize_config_dir
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
-from marl_cli.policies.regime import attach_adapters, build_policies
-from marl_cli.policies.roles import LORA_BASE, assign_roles
-from marl_cli.rollout.backends import BACKENDS
+from marl_cli.policies.regime import attach_adapters
+from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.engine import run_episodes
 from marl_cli.store import SQLiteStore
-from marl_cli.training.build import build_team, sampling_from
+from marl_cli.training.build import build_run
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.policy_trainer import PolicyTrainer
 
@@ -49,23 +48,20 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
     """The timings of one step's rollout, update and evaluation under ``experiment``'s settings."""
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"experiment={experiment}"])
-    torch.manual_seed(cfg.seed)
-    workflow = build_team(cfg)
-    env, sandbox = workflow.env, workflow.env.sandbox
-    role_map = assign_roles(cfg.policy, workflow.roles)
     report: dict[str, object] = {"tasks": cfg.rollout.tasks_per_step, "generations": cfg.algorithm.num_generations,
                                  "mode": cfg.algorithm.mode, "regime": cfg.policy.name,
                                  "eval_tasks": cfg.env.eval_size}
     with tempfile.TemporaryDirectory() as tmp:
-        policies = build_policies(role_map, cfg.model, cfg.seed, Path(tmp), torch.device("cpu"),
-                                  regime=cfg.policy.name)
-        if cfg.policy.name == "lora_per_role":
+        run = build_run(cfg, Path(tmp))
+        workflow, role_map, generator = run.workflow, run.role_map, run.generator
+        env, sandbox = workflow.env, workflow.env.sandbox
+        policies = run.policies
+        if LORA_BASE in policies:
             policies = attach_adapters(policies[LORA_BASE], role_map, cfg.policy, Path(tmp))
         trainers = {name: PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                         Path(tmp) / "trl" / name, cfg.seed) for name, policy in policies.items()}
-        generator = BACKENDS.get(cfg.rollout.backend)(cfg)
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
-        sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
+        sampling = run.train_sampling
         rollout_s, result = timed(lambda: run_episodes(workflow, policies, role_map, tasks,
                                                        cfg.algorithm.num_generations, sampling, generator,
                                                        cfg.algorithm.mode, cfg.algorithm.selection,
@@ -73,8 +69,8 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         rows, _ = ALGORITHMS.get(cfg.algorithm.name).advantages(result.samples, cfg.algorithm, random.Random(0), None)
         update_s, _ = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
                                      for n, t in trainers.items()], repeats)
-        eval_sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.eval_temperature)
-        eval_s, _ = timed(lambda: evaluate(workflow, policies, role_map, cfg.env.eval_size, eval_sampling, generator),
+        eval_s, _ = timed(lambda: evaluate(workflow, policies, role_map, cfg.env.eval_size, run.eval_sampling,
+                                           generator),
                           repeats)
     tokens = sum(len(s.completion_ids) for s in rows)
     report.update({

@@ -171,6 +171,9 @@ def _check_eval(cfg: DictConfig) -> None:
         raise ConfigError(f"eval.pass_k={list(cfg.eval.pass_k)}: every k must be between 1 and eval.samples={samples}")
     if cfg.load and not Path(cfg.load).exists():
         raise ConfigError(f"load={cfg.load}: no such run or checkpoint directory")
+    if not cfg.load and cfg.policy.name == "lora_per_role":
+        raise ConfigError("policy=lora_per_role without load= has no adapters to evaluate; "
+                          "evaluate the base model with policy=shared")
 
 
 def check_config(cfg: DictConfig) -> None:

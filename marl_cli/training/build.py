@@ -1,18 +1,30 @@
-"""What every marl app builds from a run config: the device, the team (workflow over its env) and sampling."""
+"""One assembly for every marl app (train, eval, bench, tests): ``build_run`` turns a checked config into
+the team (workflow over its env), the role→policy map, the policies, the rollout backend and sampling."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.validate import check_config
 from marl_cli.envs import ENVS, build_env
+from marl_cli.policies.regime import Policy, build_policies
+from marl_cli.policies.roles import LORA_BASE, assign_roles
+from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.generation import Sampling
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
+
+PolicyLoader = Callable[[dict[str, str], torch.device], dict[str, Policy]]
+"""``(role→policy map of the roles to build, device) -> policies by name``: where a run's policies come from."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,3 +49,61 @@ def build_team(cfg: DictConfig) -> Workflow:
                     for registry, name in ((ENVS, cfg.env.name), (WORKFLOWS, cfg.workflow.name)))
     sandbox = Sandbox(cfg.sandbox) if runs_code else None
     return build_workflow(cfg.workflow, build_env(cfg.env, cfg.seed, sandbox))
+
+
+@dataclass
+class Run:
+    """What a run acts with.
+
+    Args:
+        cfg: the checked run config.
+        run_dir: where the run writes (the tiny model's initial weights too).
+        workflow: the team over its environment.
+        role_map: role → the policy it acts through.
+        policies: the policies built (under ``lora_per_role`` the base until adapters attach).
+        routing: role → the policy that acts for it now (the LoRA base until adapters attach).
+        generator: the rollout backend's generator.
+        train_sampling: sampling of training rollouts.
+        eval_sampling: sampling of evaluations.
+    """
+
+    cfg: DictConfig
+    run_dir: Path
+    workflow: Workflow
+    role_map: dict[str, str]
+    policies: dict[str, Policy]
+    routing: dict[str, str]
+    generator: Any
+    train_sampling: Sampling
+    eval_sampling: Sampling
+
+    def tokenizers(self) -> dict[str, Any]:
+        return {name: p.tokenizer for name, p in self.policies.items()}
+
+
+def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, roles: Collection[str] | None = None,
+              eval_temperature: float | None = None) -> Run:
+    """Check ``cfg`` and build what the run acts with (seeding Python and torch from ``cfg.seed``).
+
+    ``load`` builds the policies (default: from ``cfg.model``, fp32 master weights for training);
+    ``roles`` limits the policies built to those roles' (a decoupled sub trainer builds only its own);
+    ``eval_temperature`` overrides ``rollout.eval_temperature`` (``marl eval``'s ``eval.temperature``).
+    """
+    check_config(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    workflow = build_team(cfg)
+    role_map = assign_roles(cfg.policy, workflow.roles)
+    owned = {r: p for r, p in role_map.items() if roles is None or r in roles}
+    if load is None:
+        policies = build_policies(owned, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name,
+                                  master_weights=True)
+    else:
+        policies = load(owned, device)
+    routing = dict.fromkeys(role_map, LORA_BASE) if LORA_BASE in policies else dict(role_map)
+    temperature = cfg.rollout.eval_temperature if eval_temperature is None else eval_temperature
+    return Run(cfg, run_dir, workflow, role_map, policies, routing, BACKENDS.get(cfg.rollout.backend)(cfg),
+               sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
+               sampling_from(cfg.rollout, cfg.model, temperature))

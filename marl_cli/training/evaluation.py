@@ -10,7 +10,6 @@ evaluates them with the configured workflow, and writes ``summary.json`` in its 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import defaultdict
 from math import comb
@@ -22,15 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.validate import check_config
 from marl_cli.policies.regime import Policy, attach_adapters, build_policies
-from marl_cli.policies.roles import LORA_BASE, assign_roles
-from marl_cli.rollout.backends import BACKENDS
+from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
-from marl_cli.training.build import build_team, resolve_device, sampling_from
+from marl_cli.training.build import build_run
 from marl_cli.training.checkpoint import latest_checkpoint
 from marl_cli.workflows.base import Workflow
 
@@ -136,37 +133,32 @@ def load_policies(cfg: DictConfig, role_map: dict[str, str], run_dir: Path, chec
 
 def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """``marl eval``: evaluate the loaded (or configured) policies; return the summary (also ``summary.json``)."""
-    check_config(cfg)
     pass_k = tuple(cfg.eval.pass_k)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    workflow = build_team(cfg)
-    role_map = assign_roles(cfg.policy, workflow.roles)
     summary: dict[str, Any] = {"status": "running", "command": "eval", "name": cfg.name, "run_dir": str(run_dir),
                                "env": cfg.env.name, "workflow": cfg.workflow.name, "regime": cfg.policy.name,
                                "load": None, "samples": cfg.eval.samples, "temperature": cfg.eval.temperature}
+    load = None
     if cfg.load:
         loaded_run, checkpoint = resolve_load(cfg.load)
-        policies = load_policies(cfg, role_map, loaded_run, checkpoint, device, run_dir)
         summary.update(load=str(checkpoint), loaded_run=str(loaded_run), loaded_step=int(checkpoint.name[5:]))
         saved_cfg = loaded_run / ".hydra" / "config.yaml"
         if saved_cfg.exists():
             summary["loaded_name"] = OmegaConf.load(saved_cfg).get("name")
+
+        def load(role_map: dict[str, str], device: torch.device) -> dict[str, Policy]:
+            return load_policies(cfg, role_map, loaded_run, checkpoint, device, run_dir)
     else:
-        if cfg.policy.name == "lora_per_role":
-            raise ConfigError("policy=lora_per_role without load= has no adapters to evaluate; "
-                              "evaluate the base model with policy=shared")
-        policies = build_policies(role_map, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name)
+
+        def load(role_map: dict[str, str], device: torch.device) -> dict[str, Policy]:
+            return build_policies(role_map, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name)
+    run = build_run(cfg, run_dir, load, eval_temperature=cfg.eval.temperature)
+    policies = run.policies
     summary["policies"] = {n: p.roles for n, p in policies.items()}
     write_json(run_dir / "summary.json", summary)
     tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), f"{cfg.name}-eval-{run_dir.name}")
-    sampling = sampling_from(cfg.rollout, cfg.model, cfg.eval.temperature)
     try:
-        metrics = evaluate(workflow, policies, role_map, cfg.env.eval_size, sampling,
-                           BACKENDS.get(cfg.rollout.backend)(cfg), "eval",
-                           cfg.eval.samples, pass_k)
+        metrics = evaluate(run.workflow, policies, run.routing, cfg.env.eval_size, run.eval_sampling, run.generator,
+                           "eval", cfg.eval.samples, pass_k)
         tracker.log(0, metrics)
         summary.update(metrics, status="completed")
         shown = ", ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in

@@ -143,3 +143,24 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
         log.info("warm start %s: saved to the cache as %s", policy.name, entry)
     return {**metrics, "cached": 0.0}
 
+
+def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+    """Warm-start every policy; return the ``warmstart/<policy>/...`` metrics.
+
+    With ``trainer.warmstart.shared_base`` (default) and several policies, one model is warm-started on
+    the demonstrations of every role and each policy starts as a copy of it, as every policy of the
+    papers starts from one pre-trained model; otherwise each policy learns its own roles' demonstrations.
+    """
+    if cfg.trainer.warmstart.shared_base and len(policies) > 1:
+        first, *others = policies.values()
+        roles = [role for p in policies.values() for role in p.roles]
+        base = Policy("base", first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
+        stats = cached_warm_start(base, workflow, cfg, run_dir / "warmstart" / "base")
+        for policy in others:
+            policy.model.load_state_dict(first.model.state_dict())
+        return {f"warmstart/base/{k}": v for k, v in stats.items()}
+    metrics = {}
+    for name, policy in policies.items():
+        stats = cached_warm_start(policy, workflow, cfg, run_dir / "warmstart" / name)
+        metrics.update({f"warmstart/{name}/{k}": v for k, v in stats.items()})
+    return metrics

@@ -12,7 +12,9 @@ from marl_cli.config.schema import register_configs
 from marl_cli.policies.regime import build_policies
 from marl_cli.policies.roles import assign_roles
 from marl_cli.training.build import build_team
-from marl_cli.training.loop import step_line, train, warm_start_all
+from marl_cli.training.hooks import step_line
+from marl_cli.training.loop import train
+from marl_cli.training.warmstart import warm_start_all
 from tests.helpers import FAST
 
 register_configs()

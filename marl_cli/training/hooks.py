@@ -1,0 +1,111 @@
+"""What the fit loop does around its steps: logging, periodic evaluation and checkpoints, as hooks.
+
+The ``Trainer`` calls every hook, in order, ``on_start`` before its first step, ``on_step`` after each
+step, ``on_end`` after the last and ``on_interrupt`` on Ctrl-C; a hook does its work through the
+trainer's methods (``evaluate``, ``save``, ``log``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from marl_cli.rollout.samples import Sample
+from marl_cli.tracking.completions import completion_records
+
+if TYPE_CHECKING:
+    from marl_cli.training.loop import Trainer
+
+log = logging.getLogger(__name__)
+READABLE_ROWS = 4
+"""Completions per agent written to ``samples.jsonl`` (training rows every ``log_completions_every`` steps;
+at the final eval, every row of this many episodes)."""
+STEP_LINE_KEYS = (("reward", "train/reward"), ("success", "train/success"))
+STEP_LINE_POLICY_KEYS = ("loss", "kl_old", "entropy", "logprob_gap/mean")
+
+
+def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[str]) -> str:
+    """One line of ``train.log`` for a logged step: reward, success, per-policy loss and diagnostics, step time."""
+    parts = [f"step {step}/{steps}"]
+    parts += [f"{label} {metrics[key]:.4f}" for label, key in STEP_LINE_KEYS if key in metrics]
+    for name in policies:
+        shown = [f"{k} {metrics[f'train/{name}/{k}']:.4g}" for k in STEP_LINE_POLICY_KEYS
+                 if f"train/{name}/{k}" in metrics]
+        if shown:
+            parts.append(f"[{name}] " + " ".join(shown))
+    parts.append(f"{metrics['time/step_s']:.1f} s")
+    return " | ".join(parts)
+
+
+class Hook:
+    """A no-op at every point of the fit loop; subclasses override the points they act at."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        """Before the first step (after the warm start, ``eval_before`` and any resume)."""
+
+    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+        """After step ``step``, with its metrics and its rows as trained."""
+
+    def on_end(self, trainer: Trainer, step: int) -> None:
+        """After the last step."""
+
+    def on_interrupt(self, trainer: Trainer) -> None:
+        """On Ctrl-C (``trainer.step`` is the last completed step)."""
+
+
+class LogHook(Hook):
+    """Metrics every ``trainer.log_every`` steps (and the last) to metrics.jsonl/W&B and a line of train.log;
+    readable completions every ``trainer.log_completions_every`` steps; the progress bar."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        cfg = trainer.cfg
+        self.bar = tqdm(total=cfg.trainer.steps, initial=trainer.start, desc=cfg.name, disable=not cfg.progress,
+                        dynamic_ncols=True)
+
+    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+        cfg = trainer.cfg.trainer
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            trainer.tracker.log(step, metrics)
+            log.info(step_line(step, cfg.steps, metrics, list(trainer.trainers)))
+        if cfg.log_completions_every and step % cfg.log_completions_every == 0:
+            records = completion_records(rows, trainer.run.tokenizers(), step, "train", READABLE_ROWS,
+                                         random.Random(step))
+            trainer.tracker.log_samples(step, records, "train/samples")
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{metrics['train/reward']:.3f}", step_s=f"{metrics['time/step_s']:.1f}")
+
+    def on_end(self, trainer: Trainer, step: int) -> None:
+        self.bar.close()
+
+
+class EvalHook(Hook):
+    """Greedy evaluation every ``trainer.eval_every`` steps and after the last (with readable rows)."""
+
+    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+        every = trainer.cfg.trainer.eval_every
+        if every and step % every == 0 and step < trainer.cfg.trainer.steps:
+            trainer.evaluate("eval", step)
+
+    def on_end(self, trainer: Trainer, step: int) -> None:
+        trainer.evaluate("eval", step, READABLE_ROWS if trainer.cfg.trainer.log_completions_every else 0)
+
+
+class CheckpointHook(Hook):
+    """A checkpoint every ``every`` steps, after the last step, and of the last completed step on Ctrl-C."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+        if self.every and step % self.every == 0 and step < trainer.cfg.trainer.steps:
+            trainer.save(step)
+
+    def on_end(self, trainer: Trainer, step: int) -> None:
+        trainer.save(step)
+
+    def on_interrupt(self, trainer: Trainer) -> None:
+        if trainer.step > trainer.start:
+            trainer.save(trainer.step)
