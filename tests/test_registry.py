@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from marl_cli import registry
 from marl_cli.algorithms import ALGORITHMS
@@ -14,6 +15,7 @@ from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
 from marl_cli.config.validate import check_overrides
 from marl_cli.envs.base import ENVS
+from marl_cli.policies.roles import REGIMES, assign_roles
 from marl_cli.registry import Registry, load_plugins
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.workflows.base import WORKFLOWS
@@ -49,6 +51,10 @@ def test_the_built_in_plug_ins_are_registered():
     assert ALGORITHMS.names() == ["at_grpo", "grpo", "m_grpo"]
     assert ALGORITHMS.get("at_grpo").modes == ("independent", "tree") and ALGORITHMS.get("m_grpo").hierarchical
     assert BACKENDS.names() == ["hf"]
+    assert REGIMES.names() == ["lora_per_role", "per_role", "shared"]
+    assert [REGIMES.get(n).adapters for n in REGIMES.names()] == [True, False, False]
+    assert assign_roles(OmegaConf.create({"name": "per_role", "assignment": {"b": "a"}}), ["a", "b"]) == {"a": "a",
+                                                                                                       "b": "a"}
 
 
 def test_a_plug_in_that_fails_to_import_is_one_line(isolated, tmp_path):

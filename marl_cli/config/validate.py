@@ -26,7 +26,7 @@ from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.envs.base import ENVS
-from marl_cli.policies.roles import assign_roles
+from marl_cli.policies.roles import assign_roles, uses_adapters
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.workflows.base import WORKFLOWS
 
@@ -128,7 +128,7 @@ def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
         raise ConfigError(f"trainer.role={role}: the workflow has none of algorithm.aligned_roles "
                           f"{list(cfg.algorithm.aligned_roles)}")
     shared = {role_map[r] for r in subs} & {p for r, p in role_map.items() if r not in subs}
-    if cfg.policy.name == "lora_per_role" or shared:
+    if uses_adapters(cfg.policy) or shared:
         raise ConfigError(f"trainer.role={role}: the sub-agent must have its own full model (policy=per_role)")
     return subs
 
@@ -151,7 +151,7 @@ def check_run(cfg: DictConfig) -> None:
     if unknown:
         raise ConfigError(f"trainer.frozen_roles names roles {unknown} that the workflow lacks; roles: {roles}")
     sub_roles(cfg, role_map)
-    if cfg.trainer.init_from and cfg.policy.name == "lora_per_role":
+    if cfg.trainer.init_from and uses_adapters(cfg.policy):
         raise ConfigError("trainer.init_from starts full-model policies; policy=lora_per_role keeps only adapters")
     for key in ("trainer.resume", "trainer.init_from"):
         where = OmegaConf.select(cfg, key)
@@ -171,7 +171,7 @@ def _check_eval(cfg: DictConfig) -> None:
         raise ConfigError(f"eval.pass_k={list(cfg.eval.pass_k)}: every k must be between 1 and eval.samples={samples}")
     if cfg.load and not Path(cfg.load).exists():
         raise ConfigError(f"load={cfg.load}: no such run or checkpoint directory")
-    if not cfg.load and cfg.policy.name == "lora_per_role":
+    if not cfg.load and uses_adapters(cfg.policy):
         raise ConfigError("policy=lora_per_role without load= has no adapters to evaluate; "
                           "evaluate the base model with policy=shared")
 

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source
-from marl_cli.policies.roles import LORA_BASE
+from marl_cli.policies.roles import LORA_BASE, REGIMES
 
 _ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -87,7 +87,7 @@ def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir:
     dtype (mixed precision), so small updates are not rounded away.
     """
     base = resolve_source(model_cfg, seed, workdir)
-    if regime == "lora_per_role":
+    if REGIMES.get(regime).adapters:
         role_map = dict.fromkeys(role_map, LORA_BASE)
     policies: dict[str, Policy] = {}
     compute = DTYPES.get(model_cfg.dtype)

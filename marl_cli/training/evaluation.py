@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy, attach_adapters, build_policies
-from marl_cli.policies.roles import LORA_BASE
+from marl_cli.policies.roles import LORA_BASE, uses_adapters
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
@@ -108,16 +108,16 @@ def load_policies(cfg: DictConfig, role_map: dict[str, str], run_dir: Path, chec
     adapters = {n for n, p in saved.items() if not (p / "config.json").exists()}
     wanted = set(role_map.values())
     if adapters:
-        if cfg.policy.name != "lora_per_role":
+        if not uses_adapters(cfg.policy):
             raise ConfigError(f"load={checkpoint} holds LoRA adapters ({', '.join(sorted(adapters))}); "
                               "evaluate it with policy=lora_per_role (and the run's policy.lora_* settings)")
         base = build_policies(role_map, cfg.model, cfg.seed, workdir, device, {LORA_BASE: str(run_dir / LORA_BASE)},
-                              "lora_per_role")[LORA_BASE]
+                              cfg.policy.name)[LORA_BASE]
         missing = sorted(wanted - set(saved))
         if missing:
             raise ConfigError(f"load={checkpoint}: no adapter for policies {missing}; it has {sorted(saved)}")
         return attach_adapters(base, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})
-    if cfg.policy.name == "lora_per_role":
+    if uses_adapters(cfg.policy):
         raise ConfigError(f"load={checkpoint} holds full models; evaluate it with policy=shared or policy=per_role")
     if len(saved) == 1:
         only = str(next(iter(saved.values())))

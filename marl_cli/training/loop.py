@@ -27,7 +27,7 @@ from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config, sub_roles
 from marl_cli.policies.regime import attach_adapters, build_policies
-from marl_cli.policies.roles import LORA_BASE, assign_roles
+from marl_cli.policies.roles import LORA_BASE, assign_roles, uses_adapters
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
@@ -70,7 +70,7 @@ def policy_loader(cfg: DictConfig, run_dir: Path, checkpoint: Path | None) -> Po
     def load(owned: dict[str, str], device: torch.device) -> dict[str, Any]:
         names = set(owned.values())
         sources = None
-        if checkpoint is not None and cfg.policy.name == "lora_per_role":
+        if checkpoint is not None and uses_adapters(cfg.policy):
             sources = {LORA_BASE: str(run_dir / LORA_BASE)}  # the adapters attach after the warm-start phase
         elif checkpoint is not None:
             sources = {name: str(checkpoint / "policies" / name) for name in names}

@@ -79,7 +79,7 @@ def test_config_dir_is_the_checkout_conf():
     ("workflow.name=nope", "workflow.name='nope' is not registered; choose from: code_test, deep_research"),
     ("algorithm.name=ppo", "algorithm.name='ppo' is not registered; choose from: at_grpo, grpo, m_grpo"),
     ("rollout.backend=sglang", "rollout.backend='sglang' is not registered; choose from: hf"),
-    ("policy.name=bogus", "policy.name='bogus' is not a regime; choose from: shared, per_role, lora_per_role"),
+    ("policy.name=bogus", "policy.name='bogus' is not registered; choose from: lora_per_role, per_role, shared"),
     ("algorithm.mode=tree", "algorithm.mode=tree is not defined for algorithm=grpo; choose from: independent"),
     ("device=gpu", "device='gpu': choose from auto, cpu, mps, cuda, cuda:<index>"),
     ("trainer.frozen_roles=[ghost]", "trainer.frozen_roles names roles ['ghost'] that the workflow lacks"),
