@@ -16,7 +16,6 @@ register the same way from a module named in the ``marl.plugins`` entry-point gr
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -89,14 +88,18 @@ def load_plugins() -> None:
 
 
 def _import(name: str) -> None:
+    """Import a module name, or a ``.py`` file as the module named by its stem (its directory joins
+    ``sys.path`` and ``PYTHONPATH``, so a launcher's worker processes import it by the same name)."""
     if not name.endswith(".py"):
         importlib.import_module(name)
         return
     path = Path(name).expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
-    module_name = f"marl_plugin_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH", "")) if p)
+    module = importlib.import_module(path.stem)
+    if Path(module.__file__ or "").resolve() != path:
+        raise ImportError(f"module name {path.stem!r} is taken by {module.__file__}; rename the plug-in file")

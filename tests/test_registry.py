@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,9 @@ def isolated(monkeypatch):
         monkeypatch.setattr(reg, "_entries", dict(reg._entries))
         monkeypatch.setattr(reg, "schemas", dict(reg.schemas))
     monkeypatch.setattr(registry, "_loaded", set())
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delitem(sys.modules, "reverse", raising=False)
     return monkeypatch
 
 
@@ -63,12 +68,20 @@ def test_a_plug_in_that_fails_to_import_is_one_line(isolated, tmp_path):
         load_plugins()
 
 
+def test_a_plug_in_file_whose_name_is_taken_is_refused(isolated, tmp_path):
+    (tmp_path / "json.py").write_text("raise SystemExit('never imported')\n")
+    isolated.setenv(registry.PLUGIN_ENV, str(tmp_path / "json.py"))
+    with pytest.raises(ConfigError, match="module name 'json' is taken by .*; rename the plug-in file"):
+        load_plugins()
+
+
 def test_the_worked_example_validates_and_trains_from_its_own_config_dir(isolated, tmp_path):
     from marl_cli.training.loop import train
 
     isolated.setenv(registry.PLUGIN_ENV, str(EXAMPLE / "reverse.py"))
     register_configs()
     assert "reverse" in ENVS
+    assert str(EXAMPLE) in os.environ["PYTHONPATH"].split(os.pathsep)  # a launcher's workers import it by name
     conf = str(EXAMPLE / "conf")
     overrides = ["experiment=reverse", *TINY, "trainer.steps=2", "trainer.warmstart.enabled=false",
                  "env.eval_size=4", "progress=false"]

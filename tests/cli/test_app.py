@@ -1,6 +1,23 @@
-from marl_cli.cli.app import overrides_in
+from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty
 
 
 def test_overrides_skip_flags_and_their_values():
     args = ["-m", "a=1", "--config-name", "train", "+b=2,3", "-cd", "/x", "~c"]
     assert overrides_in(args) == ["a=1", "+b=2,3", "~c"]
+
+
+def test_a_refused_start_removes_only_a_run_dir_with_nothing_in_it(tmp_path):
+    fresh, measured, foreign = tmp_path / "fresh", tmp_path / "measured", tmp_path / "foreign"
+    for run in (fresh, measured, foreign):
+        (run / ".hydra").mkdir(parents=True)
+        (run / "train.log").write_text("")
+    (measured / "metrics.jsonl").write_text("{}\n")
+    (foreign / "notes.txt").write_text("the user's own file")
+    for run in (fresh, measured, foreign):
+        remove_if_empty(run)
+    assert not fresh.exists() and measured.exists() and foreign.exists()
+
+
+def test_config_dirs_are_read_from_either_flag_form(tmp_path):
+    assert config_dirs_in(["-cd", str(tmp_path), "a=1", f"--config-dir={tmp_path / 'b'}"]) == [
+        str(tmp_path), str(tmp_path / "b")]
