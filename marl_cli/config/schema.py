@@ -24,75 +24,25 @@ def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, l
     return field(default=default, metadata={"ge": ge, "gt": gt, "le": le})
 
 
-class RolloutMode(StrEnum):
-    independent = "independent"  # K separate episodes per task
-    tree = "tree"  # K candidates per agent and turn from one shared state (AT-GRPO)
+def choices(name: str, *values: str) -> type[StrEnum]:
+    """A ``StrEnum`` of ``values``: a field typed with it accepts only them, and OmegaConf names them on error."""
+    return StrEnum(name, [(v, v) for v in values], module=__name__)
 
 
-class Selection(StrEnum):
-    greedy = "greedy"
-    random = "random"
-
-
-class GroupFilter(StrEnum):
-    none = "none"
-    zero_std = "zero_std"
-
-
-class DType(StrEnum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class LossType(StrEnum):
-    """TRL's GRPO loss formulations (``GRPOConfig.loss_type``)."""
-
-    grpo = "grpo"
-    dr_grpo = "dr_grpo"
-    dapo = "dapo"
-    bnpo = "bnpo"
-    cispo = "cispo"
-    sapo = "sapo"
-    luspo = "luspo"
-    vespo = "vespo"
-
-
-class SchedulerType(StrEnum):
-    """transformers' learning-rate schedules that need no metric."""
-
-    linear = "linear"
-    cosine = "cosine"
-    cosine_with_restarts = "cosine_with_restarts"
-    polynomial = "polynomial"
-    constant = "constant"
-    constant_with_warmup = "constant_with_warmup"
-    inverse_sqrt = "inverse_sqrt"
-    cosine_with_min_lr = "cosine_with_min_lr"
-    cosine_warmup_with_min_lr = "cosine_warmup_with_min_lr"
-    warmup_stable_decay = "warmup_stable_decay"
-
-
-class TrainerRole(StrEnum):
-    all = "all"  # one process trains every policy
-    main = "main"  # decoupled M-GRPO: the main trainer
-    sub = "sub"  # decoupled M-GRPO: the sub trainer
-
-
-class LoggerMode(StrEnum):
-    auto = "auto"
-    online = "online"
-    offline = "offline"
-
-
-class SandboxBackend(StrEnum):
-    bwrap = "bwrap"
-    rlimit = "rlimit"
-
-
-class EvalKB(StrEnum):
-    separate = "separate"
-    train = "train"
+RolloutMode = choices("RolloutMode", "independent", "tree")
+Selection = choices("Selection", "greedy", "random")
+GroupFilter = choices("GroupFilter", "none", "zero_std")
+DType = choices("DType", "float32", "bfloat16", "float16")
+LossType = choices("LossType", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+"""TRL's GRPO loss formulations (``GRPOConfig.loss_type``)."""
+SchedulerType = choices("SchedulerType", "linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
+                        "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
+                        "warmup_stable_decay")
+"""transformers' learning-rate schedules that need no metric."""
+TrainerRole = choices("TrainerRole", "all", "main", "sub")
+LoggerMode = choices("LoggerMode", "auto", "online", "offline")
+SandboxBackend = choices("SandboxBackend", "bwrap", "rlimit")
+EvalKB = choices("EvalKB", "separate", "train")
 
 
 @dataclass
