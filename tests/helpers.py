@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from marl_cli.config.paths import config_dir
+from marl_cli.config.schema import register_configs
 from marl_cli.rollout.generation import Generation
 
 TINY = [
@@ -40,3 +45,10 @@ class ScriptedGenerator:
         self.calls += 1
         self.batches.append((policy.name, len(prompts)))
         return [Generation([ord(c) for c in p], [5, 1], self.answer(policy.name, p, self.rng)) for p in prompts]
+
+
+def train_config(*overrides: str) -> DictConfig:
+    """``conf/train.yaml`` composed with ``overrides``, as ``marl train`` would run it (in this process)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))

@@ -1,11 +1,13 @@
-"""End-to-end AT-GRPO through ``marl train``: tool→plan tree rollouts under each policy regime."""
+"""End-to-end AT-GRPO: tool→plan tree rollouts under each policy regime (in this process, as ``marl train``
+runs them), and one AT-GRPO run per task family through the command itself (slow)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, marl
+from marl_cli.training.loop import train
+from tests.helpers import FAST, marl, train_config
 
 AT = [*FAST, "workflow=tool_plan", "algorithm=at_grpo", "workflow.max_turns=2", "trainer.steps=2",
       "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=16", "trainer.warmstart.batch_size=8",
@@ -19,15 +21,14 @@ def _records(run: Path) -> list[dict]:
 @pytest.mark.parametrize("regime", ["shared", "per_role", "lora_per_role"])
 def test_at_grpo_runs_under_every_regime(regime, tmp_path):
     run = tmp_path / "r"
-    out = marl("train", *AT, f"policy={regime}", f"hydra.run.dir={run}")
-    assert out.returncode == 0, out.stderr[-3000:]
+    train(train_config(*AT, f"policy={regime}"), run)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["algorithm"] == "at_grpo"
     names = {"shared": ["shared"], "per_role": ["plan", "tool"], "lora_per_role": ["plan", "tool"]}[regime]
     assert sorted(summary["policies"]) == names
-    train = [r for r in _records(run) if "train/success" in r]
-    assert [r["step"] for r in train] == [1, 2]
-    for r in train:
+    steps = [r for r in _records(run) if "train/success" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
         for role in ("tool", "plan"):
             for key in ("reward", "success", "format_failure", "zero_std_fraction"):
                 assert f"train/{role}/{key}" in r
@@ -43,11 +44,8 @@ def test_at_grpo_runs_under_every_regime(regime, tmp_path):
 
 def test_lora_run_resumes_from_its_adapters(tmp_path):
     run = tmp_path / "r"
-    first = marl("train", *AT, "policy=lora_per_role", "trainer.steps=1", f"hydra.run.dir={run}")
-    assert first.returncode == 0, first.stderr[-3000:]
-    again = marl("train", *AT, "policy=lora_per_role", "trainer.steps=2", f"trainer.resume={run}",
-                 f"hydra.run.dir={tmp_path / 'again'}")
-    assert again.returncode == 0, again.stderr[-3000:]
+    assert train(train_config(*AT, "policy=lora_per_role", "trainer.steps=1"), run)["steps"] == 1
+    train(train_config(*AT, "policy=lora_per_role", "trainer.steps=2", f"trainer.resume={run}"), tmp_path / "again")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 2
     assert [r["step"] for r in _records(run) if "train/success" in r] == [1, 2]

@@ -1,4 +1,5 @@
-"""End-to-end ``marl train``: metrics, summary, checkpoints, resume, multirun."""
+"""End-to-end training: metrics, summary, checkpoints and resume in this process; multirun and the W&B
+logger through ``marl train`` itself."""
 
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
 from marl_cli.training.loop import train
-from tests.helpers import FAST, marl
+from tests.helpers import FAST, marl, train_config
 
 register_configs()
 
@@ -23,9 +24,8 @@ def _records(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("run") / "r"
-    out = marl("train", *FAST, "trainer.steps=2", "trainer.save_every=1", "trainer.warmstart.enabled=true",
-               "trainer.warmstart.num_examples=16", "trainer.warmstart.batch_size=8", f"hydra.run.dir={run}")
-    assert out.returncode == 0, out.stderr[-3000:]
+    train(train_config(*FAST, "trainer.steps=2", "trainer.save_every=1", "trainer.warmstart.enabled=true",
+                       "trainer.warmstart.num_examples=16", "trainer.warmstart.batch_size=8"), run)
     return run
 
 
@@ -65,9 +65,8 @@ def test_checkpoints(run_dir):
 
 
 def test_resume_continues_from_last_checkpoint(run_dir, tmp_path):
-    out = marl("train", *FAST, "trainer.steps=3", "trainer.save_every=1", f"trainer.resume={run_dir}",
-               f"hydra.run.dir={tmp_path / 'resumed'}")
-    assert out.returncode == 0, out.stderr[-3000:]
+    train(train_config(*FAST, "trainer.steps=3", "trainer.save_every=1", f"trainer.resume={run_dir}"),
+          tmp_path / "resumed")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 3
     assert "eval_before/success" in summary  # kept from the first invocation
