@@ -2,14 +2,14 @@
 
 import json
 
-from tests.helpers import FAST, marl
+from marl_cli.training.loop import train
+from tests.helpers import FAST, marl, train_config
 
 
 def test_eval_of_a_run_reproduces_its_final_greedy_eval(tmp_path):
     team = [*FAST, "workflow=tool_plan", "policy=per_role"]
     run = tmp_path / "run"
-    out = marl("train", *team, "algorithm=at_grpo", "trainer.steps=1", f"hydra.run.dir={run}")
-    assert out.returncode == 0, out.stderr[-3000:]
+    train(train_config(*team, "algorithm=at_grpo", "trainer.steps=1"), run)
     trained = json.loads((run / "summary.json").read_text())
 
     ev = tmp_path / "eval"

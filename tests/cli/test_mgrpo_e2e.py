@@ -1,4 +1,5 @@
-"""M-GRPO end to end from the ``marl`` command: in-process co-training and decoupled trainers over the store."""
+"""M-GRPO end to end: in-process co-training and a frozen sub-agent (this process), decoupled trainers over the
+store (two `marl train` processes)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from marl_cli.config.schema import StoreConfig, register_configs
 from marl_cli.config.validate import check_overrides
 from marl_cli.store import build_store
 from marl_cli.training.loop import train
-from tests.helpers import marl
+from tests.helpers import train_config
 
 register_configs()
 
@@ -41,10 +42,9 @@ def warm_model(tmp_path_factory) -> Path:
     """A checkpoint whose main and sub policies both start from one model warm-started on both roles' oracle
     demonstrations (so rollouts call the sub-agent and its results vary)."""
     run = tmp_path_factory.mktemp("warm") / "run"
-    result = marl("train", *SMALL, *RESEARCH, "policy=shared", "trainer.steps=0", "trainer.warmstart.enabled=true",
-                  "trainer.warmstart.num_examples=600", "trainer.warmstart.epochs=3",
-                  "trainer.warmstart.learning_rate=3e-3", f"hydra.run.dir={run}")
-    assert result.returncode == 0, result.stderr[-2000:]
+    train(train_config(*SMALL, *RESEARCH, "policy=shared", "trainer.steps=0", "trainer.warmstart.enabled=true",
+                       "trainer.warmstart.num_examples=600", "trainer.warmstart.epochs=3",
+                       "trainer.warmstart.learning_rate=3e-3"), run)
     shared = run / "checkpoints" / "step_000000" / "policies" / "shared"
     checkpoint = run.parent / "per_role"
     for name in ("main", "sub"):
@@ -66,8 +66,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 def test_in_process_mgrpo_updates_main_and_sub(warm_model, tmp_path):
     run = tmp_path / "run"
-    result = marl("train", *_from(warm_model), "trainer.steps=3", f"hydra.run.dir={run}")
-    assert result.returncode == 0, result.stderr[-2000:]
+    train(train_config(*_from(warm_model), "trainer.steps=3"), run)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["algorithm"] == "m_grpo"
     steps = [m for m in _metrics(run) if "train/reward" in m]
@@ -85,9 +84,7 @@ def test_in_process_mgrpo_updates_main_and_sub(warm_model, tmp_path):
 
 def test_frozen_sub_keeps_its_weights(warm_model, tmp_path):
     run = tmp_path / "run"
-    result = marl("train", *_from(warm_model), "trainer.steps=2", "trainer.frozen_roles=[sub]",
-                  f"hydra.run.dir={run}")
-    assert result.returncode == 0, result.stderr[-2000:]
+    train(train_config(*_from(warm_model), "trainer.steps=2", "trainer.frozen_roles=[sub]"), run)
     start, final = _weights(warm_model / "policies" / "sub"), run / "checkpoints" / "step_000002" / "policies"
     assert all(torch.equal(start[k], v) for k, v in _weights(final / "sub").items())
     assert not any("train/sub/grad_norm" in m for m in _metrics(run))
