@@ -58,6 +58,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         policies = run.policies
         if LORA_BASE in policies:
             policies = attach_adapters(policies[LORA_BASE], role_map, cfg.policy, Path(tmp))
+            run.policies, run.routing = policies, dict(role_map)
         trainers = {name: PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                         Path(tmp) / "trl" / name, cfg.seed) for name, policy in policies.items()}
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
@@ -69,9 +70,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         rows, _ = ALGORITHMS.get(cfg.algorithm.name).advantages(result.samples, cfg.algorithm, random.Random(0), None)
         update_s, _ = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
                                      for n, t in trainers.items()], repeats)
-        eval_s, _ = timed(lambda: evaluate(workflow, policies, role_map, cfg.env.eval_size, run.eval_sampling,
-                                           generator),
-                          repeats)
+        eval_s, _ = timed(lambda: evaluate(run), repeats)
     tokens = sum(len(s.completion_ids) for s in rows)
     report.update({
         "rollout_s": rollout_s,

@@ -24,12 +24,10 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy, attach_adapters, build_policies
 from marl_cli.policies.roles import LORA_BASE, uses_adapters
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
-from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
-from marl_cli.training.build import build_run
+from marl_cli.training.build import Run, build_run
 from marl_cli.training.checkpoint import latest_checkpoint
-from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +39,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def evaluate(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str], size: int,
-             sampling: Sampling, generator: HFGenerator, prefix: str = "eval", samples: int = 1,
-             pass_k: tuple[int, ...] = (), rows: list[Sample] | None = None,
-             progress: bool = False) -> dict[str, float]:
-    """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``size`` eval tasks.
+def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int, ...] = (),
+             rows: list[Sample] | None = None) -> dict[str, float]:
+    """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``env.eval_size``
+    eval tasks, played by ``run``'s policies (as routed now) with its eval sampling.
 
-    Tasks are played in chunks of one generation batch (``sampling.batch_size`` episodes), with a
-    progress bar when ``progress``; ``rows``, when given, receives every sample row played.
+    Tasks are played in chunks of one generation batch (``rollout.batch_size`` episodes), with a
+    progress bar when ``progress=true``; ``rows``, when given, receives every sample row played.
     """
+    workflow, size, sampling = run.workflow, run.cfg.env.eval_size, run.eval_sampling
     start_time = time.perf_counter()
     tasks = [workflow.env.task("eval", i) for i in range(size)]
     chunk = max(1, sampling.batch_size // samples)
     played = RolloutResult([], [], 0)
-    with tqdm(total=size, desc=prefix, unit="task", disable=not progress, dynamic_ncols=True, leave=False) as bar:
+    with tqdm(total=size, desc=prefix, unit="task", disable=not run.cfg.progress, dynamic_ncols=True,
+              leave=False) as bar:
         for first in range(0, size, chunk):
             batch = tasks[first:first + chunk]
-            part = run_episodes(workflow, policies, role_map, batch, samples, sampling, generator)
+            part = run_episodes(workflow, run.policies, run.routing, batch, samples, sampling, run.generator)
             for item in (*part.episodes, *part.samples):
                 item.task += first
             played.episodes += part.episodes
@@ -157,8 +156,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     write_json(run_dir / "summary.json", summary)
     tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), f"{cfg.name}-eval-{run_dir.name}")
     try:
-        metrics = evaluate(run.workflow, policies, run.routing, cfg.env.eval_size, run.eval_sampling, run.generator,
-                           "eval", cfg.eval.samples, pass_k)
+        metrics = evaluate(run, "eval", cfg.eval.samples, pass_k)
         tracker.log(0, metrics)
         summary.update(metrics, status="completed")
         shown = ", ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in

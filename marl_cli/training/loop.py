@@ -188,8 +188,7 @@ class Trainer:
         if self.sub_only:
             return {}
         run, rows = self.run, []
-        metrics = evaluate(run.workflow, run.policies, run.routing, self.cfg.env.eval_size, run.eval_sampling,
-                           run.generator, prefix, rows=rows, progress=self.cfg.progress)
+        metrics = evaluate(run, prefix, rows=rows)
         self.tracker.log(step, metrics)
         self.tracker.log_samples(step, completion_records(rows, run.tokenizers(), step, prefix, readable),
                                  f"{prefix}/samples")

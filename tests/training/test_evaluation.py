@@ -13,7 +13,7 @@ from marl_cli.config.schema import register_configs
 from marl_cli.policies.roles import assign_roles
 from marl_cli.policies.tiny import save_tiny
 from marl_cli.rollout.generation import Sampling
-from marl_cli.training.build import build_team
+from marl_cli.training.build import Run, build_team
 from marl_cli.training.evaluation import evaluate, load_policies, pass_at_k, resolve_load
 from tests.helpers import TINY, ScriptedGenerator
 
@@ -35,7 +35,7 @@ def test_pass_at_k_matches_hand_counts():
         pass_at_k(2, 1, 3)
 
 
-def test_evaluate_counts_pass_at_k_per_task():
+def test_evaluate_counts_pass_at_k_per_task(tmp_path):
     """Task t is answered correctly on its first t % 3 of 3 samples: c = 0, 1, 2, 0, 1, 2."""
     cfg = _cfg("env.size=4", "env.eval_size=6")
     workflow = build_team(cfg)
@@ -50,8 +50,10 @@ def test_evaluate_counts_pass_at_k_per_task():
         return workflow.demonstration("agent", workflow.initial_state(tasks[t])) if right else "#### U U U U U U U"
 
     policies = {"shared": type("P", (), {"name": "shared"})()}
-    metrics = evaluate(workflow, policies, {"agent": "shared"}, 6, Sampling(temperature=1.0), ScriptedGenerator(answer),
-                       samples=3, pass_k=(1, 2, 3))
+    sampling = Sampling(temperature=1.0)
+    run = Run(cfg, tmp_path, workflow, {"agent": "shared"}, policies, {"agent": "shared"}, ScriptedGenerator(answer),
+              sampling, sampling)
+    metrics = evaluate(run, samples=3, pass_k=(1, 2, 3))
     assert metrics["eval/success"] == pytest.approx(6 / 18)
     assert metrics["eval/pass@1"] == pytest.approx(6 / 18)
     assert metrics["eval/pass@2"] == pytest.approx((0 + 2 / 3 + 1) * 2 / 6)
