@@ -26,7 +26,6 @@ from hydra import compose, initialize_config_dir
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
-from marl_cli.policies.regime import attach_adapters
 from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.engine import run_episodes
 from marl_cli.store import SQLiteStore
@@ -55,10 +54,9 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         run = build_run(cfg, Path(tmp))
         workflow, role_map, generator = run.workflow, run.role_map, run.generator
         env, sandbox = workflow.env, workflow.env.sandbox
+        if LORA_BASE in run.policies:
+            run.attach_adapters()
         policies = run.policies
-        if LORA_BASE in policies:
-            policies = attach_adapters(policies[LORA_BASE], role_map, cfg.policy, Path(tmp))
-            run.policies, run.routing = policies, dict(role_map)
         trainers = {name: PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                         Path(tmp) / "trl" / name, cfg.seed) for name, policy in policies.items()}
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config
 from marl_cli.envs import ENVS, build_env
-from marl_cli.policies.regime import Policy, build_policies
+from marl_cli.policies.regime import Policy, attach_adapters, build_policies
 from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.generation import Sampling
@@ -79,6 +79,13 @@ class Run:
 
     def tokenizers(self) -> dict[str, Any]:
         return {name: p.tokenizer for name, p in self.policies.items()}
+
+    def attach_adapters(self, saved: dict[str, str] | None = None) -> None:
+        """Adapter regimes: split the (warm-started) base into one adapter per policy, loading ``saved``
+        adapter dirs by policy name (a resume); every role acts through its own adapter from then on."""
+        self.policies = attach_adapters(self.policies[LORA_BASE], self.role_map, self.cfg.policy, self.run_dir,
+                                        saved)
+        self.routing = dict(self.role_map)
 
 
 def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, roles: Collection[str] | None = None,

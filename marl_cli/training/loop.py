@@ -25,8 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.validate import check_config, sub_roles
-from marl_cli.policies.regime import attach_adapters, build_policies
+from marl_cli.config.validate import sub_roles
+from marl_cli.policies.regime import build_policies
 from marl_cli.policies.roles import LORA_BASE, assign_roles, uses_adapters
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
@@ -159,9 +159,8 @@ class Trainer:
         """``lora_per_role``: split the (warm-started) base into one adapter per policy; a resume loads them."""
         run = self.run
         names = set(run.role_map.values())
-        saved = None if self.checkpoint is None else {n: str(self.checkpoint / "policies" / n) for n in names}
-        run.policies = attach_adapters(run.policies[LORA_BASE], run.role_map, self.cfg.policy, run.run_dir, saved)
-        run.routing = dict(run.role_map)
+        run.attach_adapters(None if self.checkpoint is None else
+                            {n: str(self.checkpoint / "policies" / n) for n in names})
         self.summary["policies"] = {n: p.roles for n, p in run.policies.items()}
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
@@ -245,8 +244,10 @@ class Trainer:
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Run (or resume) one training run; return its summary (also written to ``summary.json``)."""
-    check_config(cfg)
+    """Run (or resume) one training run; return its summary (also written to ``summary.json``).
+
+    ``build_run`` checks the config (``check_config``) before any file or model is made.
+    """
     checkpoint = None
     if cfg.trainer.resume:
         run_dir = Path(cfg.trainer.resume).resolve()
