@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -68,6 +69,12 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def import_modules(package: str, path: list[str]) -> None:
+    """Import every module of ``package`` (whose ``__path__`` is ``path``), so each registers its plug-ins."""
+    for module in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{module.name}")
 
 
 _loaded: set[str] = set()

@@ -1,12 +1,9 @@
 """Pure functions from sample rows to advantages. Every module of this package registers its algorithms in
 ``ALGORITHMS`` when imported (all are imported here, so a new estimator is one module plus its YAML)."""
 
-import importlib
-import pkgutil
-
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
+from marl_cli.registry import import_modules
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)
 
 __all__ = ["ALGORITHMS", "Algorithm"]

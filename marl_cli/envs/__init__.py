@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
 from marl_cli.envs.base import ENVS, Env
+from marl_cli.registry import import_modules
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)
 
 
 def build_env(cfg: Any, seed: int, sandbox: Any = None) -> Env:

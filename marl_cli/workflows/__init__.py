@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
 from marl_cli.envs.base import Env
+from marl_cli.registry import import_modules
 from marl_cli.workflows.base import WORKFLOWS, Workflow
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)
 
 
 def build_workflow(cfg: Any, env: Env) -> Workflow:

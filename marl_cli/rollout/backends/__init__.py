@@ -1,12 +1,9 @@
 """Rollout backends by name: every module of this package registers its backend in ``BACKENDS`` when
 imported (all are imported here, so a new backend is one module plus its YAML)."""
 
-import importlib
-import pkgutil
-
+from marl_cli.registry import import_modules
 from marl_cli.rollout.backends.base import BACKENDS
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)
 
 __all__ = ["BACKENDS"]
