@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import random
 import subprocess
@@ -9,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from marl_cli.config.paths import config_dir
@@ -26,10 +30,35 @@ FAST = [
 
 
 def marl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the ``marl`` console script as a user would."""
+    """Run the ``marl`` console script as a user would, in a new process (for what only a process shows:
+    the entry point, start-up time, two cooperating processes)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     exe = Path(sys.executable).with_name("marl")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """Run ``marl <args>`` in this process (``marl_cli.cli.main.main``): the same argument parsing, override
+    checks, Hydra app, launcher and sweeper as the console script, without a new interpreter's imports.
+    Returns what ``marl`` would: the exit code and what it printed."""
+    from marl_cli.cli.main import main
+
+    stdout, stderr, argv = io.StringIO(), io.StringIO(), sys.argv
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    code = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+        for handler in set(root.handlers) - set(handlers):
+            handler.close()
+        root.handlers[:], root.level = handlers, level  # Hydra's job logging (run dir's log file) ends with the run
+    return subprocess.CompletedProcess(["marl", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 class ScriptedGenerator:

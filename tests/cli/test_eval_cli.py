@@ -3,7 +3,7 @@
 import json
 
 from marl_cli.training.loop import train
-from tests.helpers import FAST, marl, train_config
+from tests.helpers import FAST, cli, train_config
 
 
 def test_eval_of_a_run_reproduces_its_final_greedy_eval(tmp_path):
@@ -13,7 +13,7 @@ def test_eval_of_a_run_reproduces_its_final_greedy_eval(tmp_path):
     trained = json.loads((run / "summary.json").read_text())
 
     ev = tmp_path / "eval"
-    out = marl("eval", *team, f"load={run}", f"hydra.run.dir={ev}")
+    out = cli("eval", *team, f"load={run}", f"hydra.run.dir={ev}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((ev / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["command"] == "eval"
@@ -24,7 +24,7 @@ def test_eval_of_a_run_reproduces_its_final_greedy_eval(tmp_path):
     assert summary["eval/pass@1"] == summary["eval/success"]
     assert [json.loads(line)["step"] for line in (ev / "metrics.jsonl").read_text().splitlines()] == [0]
 
-    out = marl("eval", *FAST, "policy=per_role", f"load={run}", f"hydra.run.dir={tmp_path / 'solo'}")
+    out = cli("eval", *FAST, "policy=per_role", f"load={run}", f"hydra.run.dir={tmp_path / 'solo'}")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         f"marl eval: error: load={run}/checkpoints/step_000001: no saved model for policies ['agent']; it has "

@@ -7,7 +7,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from marl_cli.cli.report import hydra_quote, is_run_argument, translate
-from tests.helpers import marl
+from tests.helpers import cli
 from tests.report.rundirs import curve, make_run
 
 
@@ -37,7 +37,7 @@ def test_report_command(tmp_path):
                  metrics=curve(roles=("agent",)))
     make_run(tmp_path, "outputs/crashed/1", status=None)
     out = tmp_path / "report"
-    result = marl("report", str(tmp_path / "multirun"), str(tmp_path / "outputs/*"), "--plot", "digits=1",
+    result = cli("report", str(tmp_path / "multirun"), str(tmp_path / "outputs/*"), "--plot", "digits=1",
                   f"hydra.run.dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     stdout = result.stdout
@@ -60,7 +60,7 @@ def test_report_command(tmp_path):
 
 
 def test_missing_path_is_a_one_line_usage_error(tmp_path):
-    result = marl("report", str(tmp_path / "nope"), f"hydra.run.dir={tmp_path / 'r'}")
+    result = cli("report", str(tmp_path / "nope"), f"hydra.run.dir={tmp_path / 'r'}")
     assert result.returncode == 2
     assert result.stderr.strip() == f"marl report: error: {tmp_path / 'nope'}: no such file or directory"
     assert result.stdout == ""
@@ -68,7 +68,7 @@ def test_missing_path_is_a_one_line_usage_error(tmp_path):
 
 
 def test_no_runs_is_a_usage_error():
-    result = marl("report", "metric=success")
+    result = cli("report", "metric=success")
     assert result.returncode == 2
     assert result.stderr.startswith("marl report: error: no runs given; usage: marl report")
     assert len(result.stderr.strip().splitlines()) == 1

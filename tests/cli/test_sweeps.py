@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import job_dir, register_configs
-from tests.helpers import FAST, marl
+from tests.helpers import FAST, cli
 
 register_configs()
 QUICK = [o for o in FAST if not o.startswith("trainer.learning_rate=")] + ["trainer.steps=1", "env.eval_size=3"]
@@ -27,7 +27,7 @@ def test_job_dir_names_jobs_by_their_overrides_without_the_seed():
 
 
 def test_seed_repeats_share_one_overrides_dir(tmp_path):
-    out = marl("train", "-m", *QUICK, UNNAMED, "rollout.temperature=0.9", "seed=1,2",
+    out = cli("train", "-m", *QUICK, UNNAMED, "rollout.temperature=0.9", "seed=1,2",
                f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
     runs = sorted(p.parent for p in tmp_path.rglob("summary.json"))
@@ -37,7 +37,7 @@ def test_seed_repeats_share_one_overrides_dir(tmp_path):
 
 
 def test_optuna_search_over_the_learning_rate_reports_the_best_trial(tmp_path):
-    out = marl("train", *QUICK, UNNAMED, "hparams_search=lr", "hydra.sweeper.n_trials=2",
+    out = cli("train", *QUICK, UNNAMED, "hparams_search=lr", "hydra.sweeper.n_trials=2",
                f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
     runs = sorted(p.parent for p in tmp_path.rglob("summary.json"))
@@ -67,7 +67,7 @@ def test_cpu_launcher_runs_jobs_side_by_side_with_their_thread_count(tmp_path):
     """hydra/launcher=cpu (joblib): two jobs at once, each with `threads=1`; every job completes its run."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep = tmp_path / "sweep"
-    out = marl("train", "-m", "hydra/launcher=cpu", "threads=1", *FAST, "trainer.steps=1", "seed=0,1",
+    out = cli("train", "-m", "hydra/launcher=cpu", "threads=1", *FAST, "trainer.steps=1", "seed=0,1",
                f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = sorted(sweep.rglob("summary.json"))

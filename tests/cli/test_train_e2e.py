@@ -12,7 +12,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
 from marl_cli.training.loop import train
-from tests.helpers import FAST, marl, train_config
+from tests.helpers import FAST, cli, train_config
 
 register_configs()
 
@@ -84,7 +84,7 @@ def test_resume_without_checkpoint_fails_cleanly(tmp_path):
 
 def test_multirun_writes_one_run_per_value(tmp_path):
     sweep = tmp_path / "sweep"
-    out = marl("train", "-m", *FAST, "trainer.steps=1,2", f"hydra.sweep.dir={sweep}")
+    out = cli("train", "-m", *FAST, "trainer.steps=1,2", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = sorted(sweep.rglob("summary.json"))
     assert len({s.parent.parent for s in summaries}) == 2 and all(s.parent.name == "seed=0" for s in summaries)
@@ -93,7 +93,7 @@ def test_multirun_writes_one_run_per_value(tmp_path):
 
 def test_wandb_logger_writes_offline_run(tmp_path):
     run = tmp_path / "wb"
-    out = marl("train", *FAST, "logger=wandb", "logger.mode=offline", "trainer.steps=1", f"hydra.run.dir={run}")
+    out = cli("train", *FAST, "logger=wandb", "logger.mode=offline", "trainer.steps=1", f"hydra.run.dir={run}")
     assert out.returncode == 0, out.stderr[-3000:]
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("*.wandb"))

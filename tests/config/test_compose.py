@@ -11,7 +11,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import LossType, SchedulerType, register_configs
 from marl_cli.config.validate import check_config, check_overrides, sweep_variants
-from tests.helpers import marl
+from tests.helpers import cli, marl
 
 register_configs()
 CONF = config_dir()
@@ -102,7 +102,7 @@ def test_every_sweep_value_is_checked():
 
 
 def test_cli_typo_exits_2_with_one_line():
-    out = marl("train", "trainer.learnin_rate=1")
+    out = cli("train", "trainer.learnin_rate=1")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("marl train: error: trainer.learnin_rate: no such key")
@@ -130,11 +130,11 @@ def test_choices_match_trl_and_transformers():
 
 
 def test_cli_help_lists_commands_and_groups():
-    top = marl("--help")
+    top = cli("--help")
     assert top.returncode == 0 and "train" in top.stdout
-    unknown = marl("nope")
+    unknown = cli("nope")
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
-    app = marl("train", "--help")
+    app = cli("train", "--help")
     assert app.returncode == 0
     for group in ("env", "workflow", "algorithm", "policy", "model", "rollout", "trainer", "logger", "experiment"):
         assert f"{group}:" in app.stdout
