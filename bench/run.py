@@ -26,7 +26,6 @@ from hydra import compose, initialize_config_dir
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
-from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.engine import run_episodes
 from marl_cli.store import SQLiteStore
 from marl_cli.training.build import build_run
@@ -54,7 +53,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         run = build_run(cfg, Path(tmp))
         workflow, role_map, generator = run.workflow, run.role_map, run.generator
         env, sandbox = workflow.env, workflow.env.sandbox
-        if LORA_BASE in run.policies:
+        if run.adapters_pending:
             run.attach_adapters()
         policies = run.policies
         trainers = {name: PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_new_tokens,

@@ -1,4 +1,6 @@
-"""The role→policy map and the policies it names.
+"""The policies a regime builds, and everything that depends on what a policy is (a full model or an
+adapter): building them, the adapter split after the warm-start phase, and loading them back from a
+checkpoint (a resume, ``marl eval load=...``).
 
 ``shared``: every role acts through one model (roles differ by prompt). ``per_role``: each role has
 its own full model. ``lora_per_role``: one frozen base model and one peft LoRA adapter per role; the
@@ -128,3 +130,59 @@ def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, wor
     for role, name in role_map.items():
         policies[name].roles.append(role)
     return policies
+
+
+def routing(role_map: dict[str, str], policies: dict[str, Policy]) -> dict[str, str]:
+    """Role → the policy that acts for it now: an adapter regime's base serves every role until the
+    adapters attach (the warm-start phase and its evals); otherwise each role's own policy."""
+    return dict.fromkeys(role_map, LORA_BASE) if LORA_BASE in policies else dict(role_map)
+
+
+def saved_policies(checkpoint: Path) -> dict[str, Path]:
+    """The policies a checkpoint holds, by name."""
+    return {p.name: p for p in sorted((checkpoint / "policies").iterdir()) if p.is_dir()}
+
+
+def resume_sources(policy_cfg: Any, run_dir: Path, checkpoint: Path, names: set[str]) -> dict[str, str]:
+    """Where a resumed run's policies load from: each full model from ``checkpoint``; an adapter regime's
+    base from the run's ``lora_base/`` (its adapters load when they attach, ``checkpoint_adapters``)."""
+    if REGIMES.get(policy_cfg.name).adapters:
+        return {LORA_BASE: str(run_dir / LORA_BASE)}
+    return {name: str(checkpoint / "policies" / name) for name in names}
+
+
+def checkpoint_adapters(checkpoint: Path | None, names: set[str]) -> dict[str, str] | None:
+    """The adapter dirs a resumed adapter regime loads, by policy name (None: a fresh run)."""
+    return None if checkpoint is None else {name: str(checkpoint / "policies" / name) for name in names}
+
+
+def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoint: Path, device: torch.device,
+                    workdir: Path) -> dict[str, Policy]:
+    """The policies saved in ``checkpoint`` of ``run_dir``, for ``role_map`` (evaluation): each by its
+    name, or every one from a checkpoint's only policy. Adapter checkpoints load onto the run's saved
+    base and need an adapter regime; full models need a full-model regime."""
+    saved = saved_policies(checkpoint)
+    adapters = {n for n, p in saved.items() if not (p / "config.json").exists()}
+    wanted = set(role_map.values())
+    uses_adapters = REGIMES.get(cfg.policy.name).adapters
+    if adapters:
+        if not uses_adapters:
+            raise ConfigError(f"load={checkpoint} holds LoRA adapters ({', '.join(sorted(adapters))}); "
+                              "evaluate it with policy=lora_per_role (and the run's policy.lora_* settings)")
+        base = build_policies(role_map, cfg.model, cfg.seed, workdir, device, {LORA_BASE: str(run_dir / LORA_BASE)},
+                              cfg.policy.name)[LORA_BASE]
+        missing = sorted(wanted - set(saved))
+        if missing:
+            raise ConfigError(f"load={checkpoint}: no adapter for policies {missing}; it has {sorted(saved)}")
+        return attach_adapters(base, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})
+    if uses_adapters:
+        raise ConfigError(f"load={checkpoint} holds full models; evaluate it with policy=shared or policy=per_role")
+    if len(saved) == 1:
+        sources = dict.fromkeys(wanted, str(next(iter(saved.values()))))
+    else:
+        missing = sorted(wanted - set(saved))
+        if missing:
+            raise ConfigError(f"load={checkpoint}: no saved model for policies {missing}; it has {sorted(saved)} "
+                              "(map roles to them with +policy.assignment.<role>=<policy>)")
+        sources = {n: str(saved[n]) for n in wanted}
+    return build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config
 from marl_cli.envs import ENVS, build_env
-from marl_cli.policies.regime import Policy, attach_adapters, build_policies
+from marl_cli.policies.regime import Policy, attach_adapters, build_policies, routing
 from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.generation import Sampling
@@ -80,12 +80,17 @@ class Run:
     def tokenizers(self) -> dict[str, Any]:
         return {name: p.tokenizer for name, p in self.policies.items()}
 
+    @property
+    def adapters_pending(self) -> bool:
+        """An adapter regime whose base has not been split into adapters yet (before ``attach_adapters``)."""
+        return LORA_BASE in self.policies
+
     def attach_adapters(self, saved: dict[str, str] | None = None) -> None:
         """Adapter regimes: split the (warm-started) base into one adapter per policy, loading ``saved``
         adapter dirs by policy name (a resume); every role acts through its own adapter from then on."""
         self.policies = attach_adapters(self.policies[LORA_BASE], self.role_map, self.cfg.policy, self.run_dir,
                                         saved)
-        self.routing = dict(self.role_map)
+        self.routing = routing(self.role_map, self.policies)
 
 
 def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, roles: Collection[str] | None = None,
@@ -109,8 +114,7 @@ def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, 
                                   master_weights=True)
     else:
         policies = load(owned, device)
-    routing = dict.fromkeys(role_map, LORA_BASE) if LORA_BASE in policies else dict(role_map)
     temperature = cfg.rollout.eval_temperature if eval_temperature is None else eval_temperature
-    return Run(cfg, run_dir, workflow, role_map, policies, routing, BACKENDS.get(cfg.rollout.backend)(cfg),
-               sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
+    return Run(cfg, run_dir, workflow, role_map, policies, routing(role_map, policies),
+               BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
                sampling_from(cfg.rollout, cfg.model, temperature))

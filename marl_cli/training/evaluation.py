@@ -21,8 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.policies.regime import Policy, attach_adapters, build_policies
-from marl_cli.policies.roles import LORA_BASE, uses_adapters
+from marl_cli.policies.regime import Policy, build_policies, load_checkpoint
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
@@ -92,44 +91,6 @@ def resolve_load(load: str) -> tuple[Path, Path]:
         raise ConfigError(f"load={load}: not a checkpoint (<run>/checkpoints/step_N) nor a run dir with one") from exc
 
 
-def saved_policies(checkpoint: Path) -> dict[str, Path]:
-    """The policies a checkpoint holds, by name."""
-    return {p.name: p for p in sorted((checkpoint / "policies").iterdir()) if p.is_dir()}
-
-
-def load_policies(cfg: DictConfig, role_map: dict[str, str], run_dir: Path, checkpoint: Path,
-                  device: torch.device, workdir: Path) -> dict[str, Policy]:
-    """The eval's policies from a checkpoint: each by its name, or every one from a checkpoint's only policy.
-
-    LoRA checkpoints (adapters only) load onto the run's saved base and need ``policy=lora_per_role``.
-    """
-    saved = saved_policies(checkpoint)
-    adapters = {n for n, p in saved.items() if not (p / "config.json").exists()}
-    wanted = set(role_map.values())
-    if adapters:
-        if not uses_adapters(cfg.policy):
-            raise ConfigError(f"load={checkpoint} holds LoRA adapters ({', '.join(sorted(adapters))}); "
-                              "evaluate it with policy=lora_per_role (and the run's policy.lora_* settings)")
-        base = build_policies(role_map, cfg.model, cfg.seed, workdir, device, {LORA_BASE: str(run_dir / LORA_BASE)},
-                              cfg.policy.name)[LORA_BASE]
-        missing = sorted(wanted - set(saved))
-        if missing:
-            raise ConfigError(f"load={checkpoint}: no adapter for policies {missing}; it has {sorted(saved)}")
-        return attach_adapters(base, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})
-    if uses_adapters(cfg.policy):
-        raise ConfigError(f"load={checkpoint} holds full models; evaluate it with policy=shared or policy=per_role")
-    if len(saved) == 1:
-        only = str(next(iter(saved.values())))
-        sources = dict.fromkeys(wanted, only)
-    else:
-        missing = sorted(wanted - set(saved))
-        if missing:
-            raise ConfigError(f"load={checkpoint}: no saved model for policies {missing}; it has {sorted(saved)} "
-                              "(map roles to them with +policy.assignment.<role>=<policy>)")
-        sources = {n: str(saved[n]) for n in wanted}
-    return build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name)
-
-
 def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """``marl eval``: evaluate the loaded (or configured) policies; return the summary (also ``summary.json``)."""
     pass_k = tuple(cfg.eval.pass_k)
@@ -145,7 +106,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             summary["loaded_name"] = OmegaConf.load(saved_cfg).get("name")
 
         def load(role_map: dict[str, str], device: torch.device) -> dict[str, Policy]:
-            return load_policies(cfg, role_map, loaded_run, checkpoint, device, run_dir)
+            return load_checkpoint(cfg, role_map, loaded_run, checkpoint, device, run_dir)
     else:
 
         def load(role_map: dict[str, str], device: torch.device) -> dict[str, Policy]:

@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import sub_roles
-from marl_cli.policies.regime import build_policies
-from marl_cli.policies.roles import LORA_BASE, assign_roles, uses_adapters
+from marl_cli.policies.regime import build_policies, checkpoint_adapters, resume_sources
+from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
@@ -70,10 +70,8 @@ def policy_loader(cfg: DictConfig, run_dir: Path, checkpoint: Path | None) -> Po
     def load(owned: dict[str, str], device: torch.device) -> dict[str, Any]:
         names = set(owned.values())
         sources = None
-        if checkpoint is not None and uses_adapters(cfg.policy):
-            sources = {LORA_BASE: str(run_dir / LORA_BASE)}  # the adapters attach after the warm-start phase
-        elif checkpoint is not None:
-            sources = {name: str(checkpoint / "policies" / name) for name in names}
+        if checkpoint is not None:
+            sources = resume_sources(cfg.policy, run_dir, checkpoint, names)
         elif cfg.trainer.init_from:
             sources = initial_policies(Path(cfg.trainer.init_from), names)
         return build_policies(owned, cfg.model, cfg.seed, run_dir, device, sources, cfg.policy.name,
@@ -140,7 +138,7 @@ class Trainer:
         if fresh and cfg.trainer.warmstart.enabled and not self.sub_only and not cfg.trainer.init_from:
             self.evaluate("eval_pre_warmstart", 0)
             self.tracker.log(0, warm_start_all(self.run.policies, self.run.workflow, cfg, self.run.run_dir))
-        if LORA_BASE in self.run.policies:
+        if self.run.adapters_pending:
             self.attach_adapters()
         if self.exchange is not None and fresh:
             self.exchange.start(self.run.policies)
@@ -159,8 +157,7 @@ class Trainer:
         """``lora_per_role``: split the (warm-started) base into one adapter per policy; a resume loads them."""
         run = self.run
         names = set(run.role_map.values())
-        run.attach_adapters(None if self.checkpoint is None else
-                            {n: str(self.checkpoint / "policies" / n) for n in names})
+        run.attach_adapters(checkpoint_adapters(self.checkpoint, names))
         self.summary["policies"] = {n: p.roles for n, p in run.policies.items()}
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[Sample]]:

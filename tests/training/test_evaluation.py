@@ -10,11 +10,12 @@ from hydra import compose, initialize_config_dir
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
+from marl_cli.policies.regime import load_checkpoint
 from marl_cli.policies.roles import assign_roles
 from marl_cli.policies.tiny import save_tiny
 from marl_cli.rollout.generation import Sampling
 from marl_cli.training.build import Run, build_team
-from marl_cli.training.evaluation import evaluate, load_policies, pass_at_k, resolve_load
+from marl_cli.training.evaluation import evaluate, pass_at_k, resolve_load
 from tests.helpers import TINY, ScriptedGenerator
 
 register_configs()
@@ -103,18 +104,18 @@ def test_policies_load_by_name_or_from_a_checkpoints_only_policy(tmp_path):
     per_role = _checkpoint(tmp_path / "pr", ["tool", "plan"])
     cfg = _cfg("workflow=tool_plan", "policy=per_role")
     role_map = assign_roles(cfg.policy, ["tool", "plan"])
-    loaded = load_policies(cfg, role_map, tmp_path / "pr", per_role, torch.device("cpu"), tmp_path / "w")
+    loaded = load_checkpoint(cfg, role_map, tmp_path / "pr", per_role, torch.device("cpu"), tmp_path / "w")
     assert not torch.equal(_weights(loaded["tool"]), _weights(loaded["plan"]))
     assert loaded["tool"].source.endswith("policies/tool")
 
     single = _checkpoint(tmp_path / "single", ["shared"])
-    loaded = load_policies(cfg, role_map, tmp_path / "single", single, torch.device("cpu"), tmp_path / "w")
+    loaded = load_checkpoint(cfg, role_map, tmp_path / "single", single, torch.device("cpu"), tmp_path / "w")
     assert torch.equal(_weights(loaded["tool"]), _weights(loaded["plan"]))  # the single agent plays both roles
 
     solo = _cfg("workflow=single_agent", "policy=per_role")
     with pytest.raises(ConfigError, match=r"no saved model for policies \['agent'\].*policy.assignment"):
-        load_policies(solo, assign_roles(solo.policy, ["agent"]), tmp_path / "pr", per_role, torch.device("cpu"),
+        load_checkpoint(solo, assign_roles(solo.policy, ["agent"]), tmp_path / "pr", per_role, torch.device("cpu"),
                       tmp_path / "w")
     lora = _cfg("workflow=tool_plan", "policy=lora_per_role")
     with pytest.raises(ConfigError, match="holds full models"):
-        load_policies(lora, role_map, tmp_path / "pr", per_role, torch.device("cpu"), tmp_path / "w")
+        load_checkpoint(lora, role_map, tmp_path / "pr", per_role, torch.device("cpu"), tmp_path / "w")
