@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import replace
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
-from transformers import PrinterCallback
+from transformers import PrinterCallback, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from marl_cli.config.errors import ConfigError
@@ -67,6 +68,22 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
     return Dataset.from_dict({"prompt": [p for p, _ in chosen], "completion": [c for _, c in chosen]})
 
 
+class ProgressLog(TrainerCallback):
+    """One log line (``train.log``) per tenth of a warm start: step, loss, elapsed and estimated time left."""
+
+    def __init__(self, name: str):
+        self.name, self.start = name, time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        if not logs or "loss" not in logs or not state.max_steps:
+            return
+        elapsed = time.perf_counter() - self.start
+        left = elapsed * (state.max_steps - state.global_step) / max(state.global_step, 1)
+        log.info("warm start %s: step %d/%d (%d%%), loss %.4f, %.0f s elapsed, ~%.0f s left", self.name,
+                 state.global_step, state.max_steps, 100 * state.global_step // state.max_steps, logs["loss"],
+                 elapsed, left)
+
+
 def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: bool, output_dir: Path,
                seed: int, progress: bool = False) -> dict[str, float]:
     """Fine-tune ``policy`` on demonstrations for its roles; return TRL's final training metrics.
@@ -78,6 +95,7 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
     data = demonstrations(workflow, policy.roles, cfg.num_examples, use_chat_template, policy)
     log.info("warm start %s (roles %s): %d demonstrations, %s epochs", policy.name, ", ".join(policy.roles),
              len(data), cfg.epochs)
+    steps = math.ceil(len(data) / cfg.batch_size) * math.ceil(cfg.epochs)
     args = SFTConfig(
         output_dir=str(output_dir),
         num_train_epochs=cfg.epochs,
@@ -91,12 +109,14 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
         fp16=policy.autocast_dtype == torch.float16,
         report_to="none",
         save_strategy="no",
-        logging_strategy="no",
+        logging_strategy="steps",
+        logging_steps=max(1, steps // 10),
         disable_tqdm=not progress,
         seed=seed,
     )
     trainer = SFTTrainer(model=policy.model, args=args, train_dataset=data, processing_class=policy.tokenizer)
-    trainer.remove_callback(PrinterCallback)  # marl logs the result itself
+    trainer.remove_callback(PrinterCallback)  # marl logs progress and the result itself
+    trainer.add_callback(ProgressLog(policy.name))
     result = trainer.train()
     log.info("warm start %s: loss %.4f after %d steps (%.0f s)", policy.name, result.training_loss,
              result.global_step, time.perf_counter() - start)

@@ -1,6 +1,7 @@
 """What one in-process training run leaves for a researcher: diagnostics, readable completions, train.log."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,8 @@ def test_train_log_has_steps_checkpoints_and_evals(run):
                      "warm start base (roles tool, plan)", "completed after 2 steps"):
         assert expected in text, expected
     assert "[plan] loss" in text
+    progress = re.findall(r"warm start base: step (\d+)/150 \(\d+%\), loss [\d.]+, \d+ s elapsed, ~\d+ s left", text)
+    assert [int(s) for s in progress] == list(range(15, 151, 15))  # one line per tenth of the warm start
 
 
 def test_step_line_names_each_policy():
