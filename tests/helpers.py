@@ -70,6 +70,9 @@ class ScriptedGenerator:
         self.calls = 0
         self.batches: list[tuple[str, int]] = []
 
+    def release(self):
+        """Nothing to free (the backend protocol's hook before the policies train)."""
+
     def generate(self, policy, prompts, sampling):
         self.calls += 1
         self.batches.append((policy.name, len(prompts)))

@@ -287,6 +287,19 @@ class ModelConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """``rollout=vllm``: the engines colocated with the learner, one per full-model policy."""
+
+    gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)  # share of GPU memory each engine may take
+    tensor_parallel_size: int = bounded(1, ge=1)
+    enable_sleep_mode: bool = False  # GPU: engines free their memory while the policies train
+    enforce_eager: bool = True  # no CUDA graph capture: a faster start, slower decoding on GPU
+    enable_prefix_caching: bool = True  # reuse the KV cache of shared prompt prefixes (the K rollouts of a task)
+    max_model_len: int | None = None  # default: rollout.max_prompt_length + rollout.max_new_tokens
+    cpu_kv_cache_gib: int = bounded(1, ge=1)  # CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE) unless set
+
+
+@dataclass
 class RolloutConfig:
     """Generation settings for training and evaluation rollouts."""
 
@@ -299,6 +312,7 @@ class RolloutConfig:
     max_prompt_length: int = bounded(1024, ge=1)  # longer prompts keep their end (left truncation)
     eval_temperature: float = bounded(0.0, ge=0.0)  # 0 means greedy
     batch_size: int = bounded(256, ge=1)  # largest batch handed to one generate call
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass

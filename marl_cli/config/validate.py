@@ -11,6 +11,7 @@ It runs in the ``marl`` process before Hydra makes a run dir, and again at the s
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,7 +137,13 @@ def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
 def check_run(cfg: DictConfig) -> None:
     """The rules across groups: registered names, rollout mode, roles, decoupled trainers, what a run loads."""
     ENVS.get(cfg.env.name)
-    BACKENDS.get(cfg.rollout.backend)
+    backend = BACKENDS.get(cfg.rollout.backend)
+    if uses_adapters(cfg.policy) and not getattr(backend, "serves_adapters", True):
+        raise ConfigError(f"rollout={cfg.rollout.backend} serves full-model policies (policy=shared|per_role); "
+                          f"policy={cfg.policy.name} needs rollout=hf")
+    missing = getattr(backend, "requires", None)
+    if missing and importlib.util.find_spec(missing.module) is None:
+        raise ConfigError(f"rollout={cfg.rollout.backend} needs {missing.module}: {missing.install}")
     algorithm = ALGORITHMS.get(cfg.algorithm.name)
     if cfg.algorithm.mode not in algorithm.modes:
         raise ConfigError(f"algorithm.mode={cfg.algorithm.mode} is not defined for algorithm={cfg.algorithm.name}; "

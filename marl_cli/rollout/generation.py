@@ -116,6 +116,9 @@ class HFGenerator:
     def __init__(self) -> None:
         self.calls = 0
 
+    def release(self) -> None:
+        """Nothing to free: generation runs on the learner's own model."""
+
     @torch.no_grad()
     def generate(self, policy: Policy, prompts: list[str], sampling: Sampling) -> list[Generation]:
         tokenizer, model = policy.tokenizer, policy.model

@@ -164,6 +164,7 @@ class Trainer:
         """One RL step: this step's rows, advantages, one update per trained policy; its metrics and rows as trained."""
         t0 = time.perf_counter()
         samples, rollouts, metrics = self.source.rows(step, self.rng)
+        self.run.generator.release()
         t_rollout = time.perf_counter() - t0
         rows, stats = ALGORITHMS.get(self.cfg.algorithm.name).advantages(samples, self.cfg.algorithm, self.rng,
                                                                         rollouts)

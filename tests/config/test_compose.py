@@ -1,5 +1,6 @@
 """Every config in conf/ composes; typos and type errors give a one-line error."""
 
+import importlib.util
 import time
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def test_every_group_option_composes(group, option):
         overrides.append("algorithm=m_grpo")  # workflows rewarded per trajectory train with M-GRPO
     cfg = _compose(overrides)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    if (group, option) == ("rollout", "vllm") and importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match="^rollout=vllm needs vllm: "):  # complete, but vLLM is not installed
+            check_config(cfg)
+        return
     check_config(cfg)
 
 
@@ -78,7 +83,7 @@ def test_config_dir_is_the_checkout_conf():
     ("env.name=nope", "env.name='nope' is not registered; choose from: code, math, plan_path, research"),
     ("workflow.name=nope", "workflow.name='nope' is not registered; choose from: code_test, deep_research"),
     ("algorithm.name=ppo", "algorithm.name='ppo' is not registered; choose from: at_grpo, grpo, m_grpo"),
-    ("rollout.backend=sglang", "rollout.backend='sglang' is not registered; choose from: hf"),
+    ("rollout.backend=sglang", "rollout.backend='sglang' is not registered; choose from: hf, vllm"),
     ("policy.name=bogus", "policy.name='bogus' is not registered; choose from: lora_per_role, per_role, shared"),
     ("algorithm.mode=tree", "algorithm.mode=tree is not defined for algorithm=grpo; choose from: independent"),
     ("device=gpu", "device='gpu': choose from auto, cpu, mps, cuda, cuda:<index>"),
@@ -92,6 +97,17 @@ def test_errors_are_one_line(override, message):
         check_overrides("train", [override])
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_vllm_backend_refuses_adapters_and_a_missing_vllm_before_the_run():
+    with pytest.raises(ConfigError, match=r"^rollout=vllm serves full-model policies .*policy=lora_per_role needs "
+                                          r"rollout=hf$"):
+        check_overrides("train", ["rollout=vllm", "policy=lora_per_role", "workflow=tool_plan", "algorithm=at_grpo"])
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match=r"^rollout=vllm needs vllm: pip install 'marl\[vllm\]'"):
+            check_overrides("train", ["rollout=vllm"])
+    else:
+        check_overrides("train", ["rollout=vllm"])
 
 
 def test_every_sweep_value_is_checked():

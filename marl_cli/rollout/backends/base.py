@@ -2,15 +2,28 @@
 
 A backend is a factory ``(run config) -> generator`` whose generator has
 ``generate(policy, prompts, sampling) -> list[Generation]`` (completions with the sampler's
-log-prob of every sampled token). Factories import their engine only when called, so naming a
-backend costs nothing while a config is validated.
+log-prob of every sampled token, from the policy's current weights: a backend with its own copy of
+the weights syncs them itself), ``release()`` (the policies are about to train: free what generation
+holds) and a ``calls`` counter. A factory may say ``serves_adapters = False`` (it cannot serve
+``lora_per_role``) and ``requires = Requirement(...)`` (a package it imports; both checked before
+the run starts). Factories import their engine only when called, so
+naming a backend costs nothing while a config is validated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from marl_cli.registry import Registry
 
 BACKENDS: Registry[Callable[[Any], Any]] = Registry("rollout.backend")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A package a backend needs, and how to install it (the one-line error when it is missing)."""
+
+    module: str
+    install: str

@@ -1,0 +1,138 @@
+"""The ``vllm`` rollout backend: vLLM engines colocated in this process, kept in sync with the learner.
+
+One engine per full-model policy (``shared``: one; ``per_role``: one per role's model). Before each
+generate call the generator compares the policy's parameters with what the engine last received
+(every parameter's identity and in-place version counter, which an optimiser step, a warm start, a
+checkpoint load or a decoupled weight exchange all bump) and pushes the learner's weights into the
+engine when anything changed: no caller has to remember to sync. Completions come back as the ``hf``
+backend returns them: the prompt as the model saw it (left-truncated to ``max_prompt_length``), the
+completion token for token up to and including its first end token, and the sampler's log-probability
+of every sampled token after temperature, top-k and top-p (``logprobs_mode=processed_logprobs``), which
+is what the learner's log-probabilities are checked against (``train/<policy>/logprob_gap/*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.policies.regime import Policy
+from marl_cli.rollout.backends.vllm import INSTALL
+from marl_cli.rollout.generation import Generation, Sampling, encode_prompts, end_token_ids
+
+log = logging.getLogger(__name__)
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or a one-line error saying how to install it."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights sync in place
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ConfigError(f"rollout=vllm needs vllm: {INSTALL}") from exc
+    return vllm
+
+
+def fingerprint(params: Iterator[Any]) -> tuple[tuple[int, int], ...]:
+    """What identifies a model's current weights without reading them: each parameter's object and
+    in-place version (torch bumps it on every in-place write: optimiser steps, ``load_state_dict``)."""
+    return tuple((id(p), p._version) for p in params)
+
+
+class VLLMGenerator:
+    """Generates with one vLLM engine per full-model policy, syncing the learner's weights before use.
+
+    Args:
+        settings: ``rollout.vllm`` (memory share, tensor-parallel size, sleep mode, KV cache on CPU).
+        dtype: the engines' dtype (``model.dtype``).
+        max_model_len: the longest sequence an engine serves (prompt limit + new tokens) unless
+            ``rollout.vllm.max_model_len`` says otherwise.
+        seed: the engines' sampling seed.
+    """
+
+    def __init__(self, settings: Any, dtype: str, max_model_len: int, seed: int):
+        self.settings, self.dtype, self.seed = settings, dtype, seed
+        self.max_model_len = settings.max_model_len or max_model_len
+        self.engines: dict[str, Any] = {}
+        self.synced: dict[str, tuple[tuple[int, int], ...]] = {}
+        self.calls = 0
+        self.syncs = 0
+
+    def engine(self, policy: Policy) -> Any:
+        """The engine serving ``policy``'s model, started on first use, holding the learner's current weights."""
+        key = policy.name
+        if key not in self.engines:
+            self.engines[key] = self._start(policy)
+        elif self.settings.enable_sleep_mode:
+            self.engines[key].wake_up()
+        state = fingerprint(policy.model.parameters())
+        if self.synced.get(key) != state:
+            start = time.perf_counter()
+            weights = [(name, tensor.detach()) for name, tensor in policy.model.state_dict().items()]
+            self.engines[key].collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.synced[key] = state
+            self.syncs += 1
+            log.debug("vllm: synced %s's weights (%.2f s)", policy.name, time.perf_counter() - start)
+        return self.engines[key]
+
+    def _start(self, policy: Policy) -> Any:
+        vllm = import_vllm()
+        s = self.settings
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.cpu_kv_cache_gib))
+        start = time.perf_counter()
+        longest = getattr(policy.model.config, "max_position_embeddings", None) or self.max_model_len
+        try:
+            engine = vllm.LLM(model=policy.source, tokenizer=policy.source, dtype=self.dtype, seed=self.seed,
+                              max_model_len=min(self.max_model_len, longest),
+                              gpu_memory_utilization=s.gpu_memory_utilization,
+                              tensor_parallel_size=s.tensor_parallel_size, enable_sleep_mode=s.enable_sleep_mode,
+                              enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs",
+                              enable_prefix_caching=s.enable_prefix_caching)
+            # one token through the model: kernels that do not support it fail here, not mid-rollout
+            engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])], vllm.SamplingParams(max_tokens=1),
+                            use_tqdm=False)
+        except (ValueError, RuntimeError, OSError) as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+            first = next((line for line in lines if line.startswith("Value error,")), lines[0])
+            raise ConfigError(f"rollout=vllm could not run {policy.source}: {first}") from exc
+        log.info("vllm: engine for policy %s (%s) started in %.1f s", policy.name, policy.source,
+                 time.perf_counter() - start)
+        return engine
+
+    def release(self) -> None:
+        """Before the policies train: with ``rollout.vllm.enable_sleep_mode`` every engine frees its GPU memory
+        (weights and KV cache, sleep level 2); the next generate call wakes it and pushes the weights again."""
+        if not self.settings.enable_sleep_mode:
+            return
+        for key, engine in self.engines.items():
+            engine.sleep(level=2)
+            self.synced.pop(key, None)
+
+    def generate(self, policy: Policy, prompts: list[str], sampling: Sampling) -> list[Generation]:
+        vllm = import_vllm()
+        engine = self.engine(policy)
+        prompt_ids, truncated = encode_prompts(policy, prompts, sampling)
+        ends = end_token_ids(policy)
+        greedy = sampling.temperature <= 0
+        params = vllm.SamplingParams(
+            temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k, max_tokens=sampling.max_new_tokens, stop_token_ids=ends,
+            logprobs=0, detokenize=False)
+        outputs = engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params,
+                                  use_tqdm=False)
+        self.calls += 1
+        results = []
+        for ids, cut, out in zip(prompt_ids, truncated, outputs, strict=True):
+            sample = out.outputs[0]
+            completion = list(sample.token_ids)
+            end = next((j for j, t in enumerate(completion) if t in ends), None)
+            if end is not None:
+                completion = completion[:end + 1]
+            logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], completion, strict=False)]
+            text = policy.tokenizer.decode(completion, skip_special_tokens=True)
+            results.append(Generation(ids, completion, text, logprobs, cut, end is not None))
+        return results
