@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install install-vllm train test test-all test-vllm lint bench clean
+.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --out bench/report.json
+
+bench-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_VENV)/bin/python bench/run.py --backends --out bench/report_vllm.json
 
 clean:
 	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache

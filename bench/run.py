@@ -4,7 +4,9 @@ Measures, with each experiment's composed settings (the embedded single-agent ru
 tree run and the toy M-GRPO run by default): batched sampling of one step (completions and tokens per
 second, generate calls), the per-policy update of that step's rows, the greedy evaluation, sandbox
 throughput when the run executes code, the SQLite store's write/read/acknowledge throughput for
-sub-trajectory-sized items, and the process's peak RSS.
+sub-trajectory-sized items, and the process's peak RSS. ``--backends`` (``make bench-vllm``, in the
+vLLM venv) compares the rollout backends instead: vLLM against HF ``generate`` on the same prompts, for
+the tiny model and a Qwen2.5-0.5B-shaped one, in completion tokens per second.
 Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``).
 """
 
@@ -27,6 +29,7 @@ from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
 from marl_cli.rollout.engine import run_episodes
+from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.store import SQLiteStore
 from marl_cli.training.build import build_run
 from marl_cli.training.evaluation import evaluate
@@ -86,6 +89,43 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
     return report
 
 
+SHAPES = {
+    "tiny": [],
+    "qwen2.5-0.5b-shaped": ["model.tiny.hidden_size=896", "model.tiny.intermediate_size=4864",
+                            "model.tiny.num_hidden_layers=24", "model.tiny.num_attention_heads=14",
+                            "model.tiny.num_key_value_heads=2", "model.tiny.head_dim=64"],
+}
+"""Model shapes the backend comparison runs (random weights; the tiny character tokenizer's vocabulary)."""
+
+
+def measure_backends(repeats: int, prompts: int = 128, new_tokens: int = 64) -> dict[str, object]:
+    """Completion tokens per second of ``rollout=vllm`` and ``rollout=hf`` on the same prompts, per model shape."""
+    report: dict[str, object] = {"prompts": prompts, "max_new_tokens": new_tokens, "temperature": 1.0}
+    sampling = Sampling(1.0, max_new_tokens=new_tokens)
+    for shape, overrides in SHAPES.items():
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[*overrides, "rollout=vllm", "workflow=tool_plan",
+                                                          "algorithm=at_grpo", "logger=none"])
+        with tempfile.TemporaryDirectory() as tmp:
+            run = build_run(cfg, Path(tmp))
+            policy = run.policies["shared"]
+            states = [run.workflow.initial_state(run.workflow.env.task("train", i)) for i in range(prompts)]
+            texts = [run.workflow.prompt("plan", s) for s in states]
+            t0 = time.perf_counter()
+            run.generator.generate(policy, texts[:1], sampling)
+            start_s = time.perf_counter() - t0
+            result = {"engine_start_s": start_s}
+            for name, generator in (("vllm", run.generator), ("hf", HFGenerator())):
+                seconds, gens = timed(lambda g=generator, p=policy, t=texts: g.generate(p, t, sampling), repeats)
+                tokens = sum(len(g.completion_ids) for g in gens)
+                result[f"{name}_s"] = seconds
+                result[f"{name}_tokens_per_s"] = tokens / seconds
+            result["vllm_over_hf"] = result["vllm_tokens_per_s"] / result["hf_tokens_per_s"]
+            result["torch_threads"] = torch.get_num_threads()  # HF's, after the engine started
+            report[shape] = result
+    return report
+
+
 def measure_store(items: int, repeats: int) -> dict[str, float]:
     """SQLite store throughput: ``items`` sub-trajectory-sized items written in one transaction, read, acknowledged."""
     row = {"prompt_ids": list(range(400)), "completion_ids": list(range(30)), "reward": 0.5, "info": {"expert": 1.0}}
@@ -109,19 +149,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/report.json")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backends", action="store_true", help="compare the rollout backends (vLLM vs HF) "
+                        "instead; needs vLLM")
     parser.add_argument("--experiment", action="append", help="an experiment whose settings are measured "
                         "(repeatable; default: embedded, toy/plan_path_at_grpo_shared, toy/research_mgrpo)")
     args = parser.parse_args()
     register_configs()
     experiments = args.experiment or ["embedded", "toy/plan_path_at_grpo_shared", "toy/research_mgrpo"]
-    report = {
+    report: dict[str, object] = {
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
         "repeats": args.repeats,
-        "experiments": {name: measure(name, args.repeats) for name in experiments},
-        "store": measure_store(512, args.repeats),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if args.backends:
+        report["backends"] = measure_backends(args.repeats)
+    else:
+        report["experiments"] = {name: measure(name, args.repeats) for name in experiments}
+        report["store"] = measure_store(512, args.repeats)
+    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -41,6 +41,13 @@ class Policy:
     adapter: str | None = None
     compute_dtype: torch.dtype = torch.float32
     """The dtype forward passes run in; a bf16/fp16 policy trained by marl keeps fp32 master weights."""
+    version: int = 0
+    """Counts the changes of the weights (``mark_updated``): a rollout backend holding its own copy syncs
+    when it differs from the version it last received."""
+
+    def mark_updated(self) -> None:
+        """The weights changed (an optimiser step, a warm start, a load): backends with their own copy re-sync."""
+        self.version += 1
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -66,6 +73,7 @@ class Policy:
             raise ValueError(f"policy {self.name!r} is an adapter; load_weights takes full models")
         saved = type(self.model).from_pretrained(path, dtype=self.model.dtype)
         self.model.load_state_dict(saved.state_dict())
+        self.mark_updated()
 
     def save(self, path: Path) -> None:
         """Full models: HF weights; adapters: this adapter's weights and config only."""

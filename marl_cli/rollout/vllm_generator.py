@@ -1,10 +1,10 @@
 """The ``vllm`` rollout backend: vLLM engines colocated in this process, kept in sync with the learner.
 
 One engine per full-model policy (``shared``: one; ``per_role``: one per role's model). Before each
-generate call the generator compares the policy's parameters with what the engine last received
-(every parameter's identity and in-place version counter, which an optimiser step, a warm start, a
-checkpoint load or a decoupled weight exchange all bump) and pushes the learner's weights into the
-engine when anything changed: no caller has to remember to sync. Completions come back as the ``hf``
+generate call the generator compares the policy's weights' fingerprint with what the engine last
+received (``fingerprint``: the policy's update count, bumped by every optimiser step, warm start,
+checkpoint load and decoupled weight exchange, and torch's in-place version counter of every parameter)
+and pushes the learner's weights into the engine when anything changed: no caller has to remember to sync. Completions come back as the ``hf``
 backend returns them: the prompt as the model saw it (left-truncated to ``max_prompt_length``), the
 completion token for token up to and including its first end token, and the sampler's log-probability
 of every sampled token after temperature, top-k and top-p (``logprobs_mode=processed_logprobs``), which
@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
@@ -37,10 +38,12 @@ def import_vllm() -> Any:
     return vllm
 
 
-def fingerprint(params: Iterator[Any]) -> tuple[tuple[int, int], ...]:
-    """What identifies a model's current weights without reading them: each parameter's object and
-    in-place version (torch bumps it on every in-place write: optimiser steps, ``load_state_dict``)."""
-    return tuple((id(p), p._version) for p in params)
+def fingerprint(policy: Policy) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """What identifies a policy's current weights without reading them: the policy's own update count
+    (``Policy.mark_updated``: optimiser steps, warm starts, loads; fused optimisers write parameters
+    without touching torch's counters) and each parameter's object and in-place version (any other
+    in-place write)."""
+    return policy.version, tuple((id(p), p._version) for p in policy.model.parameters())
 
 
 class VLLMGenerator:
@@ -58,7 +61,7 @@ class VLLMGenerator:
         self.settings, self.dtype, self.seed = settings, dtype, seed
         self.max_model_len = settings.max_model_len or max_model_len
         self.engines: dict[str, Any] = {}
-        self.synced: dict[str, tuple[tuple[int, int], ...]] = {}
+        self.synced: dict[str, tuple[int, tuple[tuple[int, int], ...]]] = {}
         self.calls = 0
         self.syncs = 0
 
@@ -69,7 +72,7 @@ class VLLMGenerator:
             self.engines[key] = self._start(policy)
         elif self.settings.enable_sleep_mode:
             self.engines[key].wake_up()
-        state = fingerprint(policy.model.parameters())
+        state = fingerprint(policy)
         if self.synced.get(key) != state:
             start = time.perf_counter()
             weights = [(name, tensor.detach()) for name, tensor in policy.model.state_dict().items()]
@@ -83,6 +86,8 @@ class VLLMGenerator:
         vllm = import_vllm()
         s = self.settings
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.cpu_kv_cache_gib))
+        # vLLM's CPU build drops torch to one thread unless OMP_NUM_THREADS is set; the learner shares this process
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         start = time.perf_counter()
         longest = getattr(policy.model.config, "max_position_embeddings", None) or self.max_model_len
         try:

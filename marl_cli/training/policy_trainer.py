@@ -191,6 +191,7 @@ class PolicyTrainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     stats["loss"].append(loss.item())
                     stats["grad_norm"].append(float(norm))
+            self.policy.mark_updated()
             advantages = torch.tensor([s.advantage for s in rows])
             stats["advantage/mean"].append(float(advantages.mean()))
             stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)

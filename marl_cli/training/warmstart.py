@@ -118,6 +118,7 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
     trainer.remove_callback(PrinterCallback)  # marl logs progress and the result itself
     trainer.add_callback(ProgressLog(policy.name))
     result = trainer.train()
+    policy.mark_updated()
     log.info("warm start %s: loss %.4f after %d steps (%.0f s)", policy.name, result.training_loss,
              result.global_step, time.perf_counter() - start)
     return {"loss": float(result.training_loss), "examples": float(len(data)),
@@ -176,8 +177,10 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
         roles = [role for p in policies.values() for role in p.roles]
         base = Policy("base", first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
         stats = cached_warm_start(base, workflow, cfg, run_dir / "warmstart" / "base")
+        first.mark_updated()  # the base trained first's model
         for policy in others:
             policy.model.load_state_dict(first.model.state_dict())
+            policy.mark_updated()
         return {f"warmstart/base/{k}": v for k, v in stats.items()}
     metrics = {}
     for name, policy in policies.items():

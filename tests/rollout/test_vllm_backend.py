@@ -6,14 +6,17 @@ and a whole AT-GRPO run trains through it.
 """
 
 import json
+import random
 
 import pytest
 import torch
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
+from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.loop import train
+from marl_cli.training.policy_trainer import PolicyTrainer
 from tests.helpers import FAST, train_config
 
 pytest.importorskip("vllm")
@@ -56,6 +59,22 @@ def test_greedy_equals_hf_before_and_after_a_weight_update(run):
     assert run.generator.syncs == syncs + 1  # unchanged weights are not pushed again
 
 
+def test_an_optimiser_step_is_synced_before_the_next_generation(run, tmp_path):
+    policy = run.policies["tool"]
+    trainer = PolicyTrainer(policy, run.cfg.trainer, 1.0, 12, tmp_path / "trl", 0)  # TRL's optimiser (fused AdamW)
+    sampled = run.generator.generate(policy, PROMPTS, Sampling(1.0, max_new_tokens=12))
+    rows = [Sample(task=i, branch=0, turn=0, role="tool", policy="tool", prompt_ids=g.prompt_ids,
+                   completion_ids=g.completion_ids, reward=float(i % 2), advantage=1.0 if i % 2 else -1.0,
+                   sampling_logprobs=g.logprobs) for i, g in enumerate(sampled)]
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    syncs = run.generator.syncs
+    trainer.update(rows, random.Random(0))
+    assert any(not torch.equal(a, p) for a, p in zip(before, policy.model.parameters(), strict=True))
+    assert _ids(run.generator.generate(policy, PROMPTS, GREEDY)) == _ids(HFGenerator().generate(policy, PROMPTS,
+                                                                                                  GREEDY))
+    assert run.generator.syncs == syncs + 1
+
+
 def test_each_policy_has_its_own_engine(run):
     tool = run.policies["tool"]
     assert _ids(run.generator.generate(tool, PROMPTS, GREEDY)) == _ids(HFGenerator().generate(tool, PROMPTS, GREEDY))
@@ -80,15 +99,17 @@ def test_sampled_logprobs_match_the_learners(run):
 
 def test_an_at_grpo_run_trains_through_vllm(tmp_path):
     cfg = train_config(*VLLM, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role",
-                       "workflow.max_turns=1", "trainer.steps=2", "trainer.mini_batch_size=4")
+                       "workflow.max_turns=1", "trainer.steps=3", "trainer.mini_batch_size=4",
+                       "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=16")
     summary = train(cfg, tmp_path / "run")
-    assert summary["status"] == "completed" and summary["steps"] == 2
+    assert summary["status"] == "completed" and summary["steps"] == 3
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if '"train/reward"' in line]
-    assert len(steps) == 2
-    for record in steps:  # the engines generated with the weights the learner trains (synced after step 1's update)
-        for name in ("tool", "plan"):
-            assert record[f"train/{name}/logprob_gap/mean"] < 1e-3
+    assert len(steps) == 3
+    for record in steps:  # the engines generated with the weights the learner trains (synced after the warm
+        for name in ("tool", "plan"):  # start and every update; a stale engine shows gaps of 1e-3 and more)
+            assert record[f"train/{name}/logprob_gap/mean"] < 1e-5
+            assert record[f"train/{name}/logprob_gap/max"] < 1e-3
 
 
 def test_a_model_the_engine_cannot_run_is_a_one_line_error(tmp_path):
