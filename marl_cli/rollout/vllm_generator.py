@@ -1,14 +1,15 @@
 """The ``vllm`` rollout backend: vLLM engines colocated in this process, kept in sync with the learner.
 
 One engine per full-model policy (``shared``: one; ``per_role``: one per role's model). Before each
-generate call the generator compares the policy's weights' fingerprint with what the engine last
-received (``fingerprint``: the policy's update count, bumped by every optimiser step, warm start,
-checkpoint load and decoupled weight exchange, and torch's in-place version counter of every parameter)
-and pushes the learner's weights into the engine when anything changed: no caller has to remember to sync. Completions come back as the ``hf``
-backend returns them: the prompt as the model saw it (left-truncated to ``max_prompt_length``), the
-completion token for token up to and including its first end token, and the sampler's log-probability
-of every sampled token after temperature, top-k and top-p (``logprobs_mode=processed_logprobs``), which
-is what the learner's log-probabilities are checked against (``train/<policy>/logprob_gap/*``).
+generate call the generator compares the policy's weights' fingerprint with what the engine last received
+(``fingerprint``: the policy's update count, bumped by every optimiser step, warm start, checkpoint load
+and decoupled weight exchange, and torch's in-place version counter of every parameter) and pushes the
+learner's weights into the engine when anything changed: no caller has to remember to sync. Completions
+come back as the ``hf`` backend returns them: the prompt as the model saw it (left-truncated to
+``max_prompt_length``), the completion token for token up to and including its first end token, and the
+sampler's log-probability of every sampled token after temperature, top-k and top-p
+(``logprobs_mode=processed_logprobs``), which is what the learner's log-probabilities are checked against
+(``train/<policy>/logprob_gap/*``).
 """
 
 from __future__ import annotations
