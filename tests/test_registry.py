@@ -55,7 +55,7 @@ def test_the_built_in_plug_ins_are_registered():
     assert set(WORKFLOWS.names()) >= {"single_agent", "tool_plan", "tool_reason", "code_test", "deep_research"}
     assert ALGORITHMS.names() == ["at_grpo", "grpo", "m_grpo"]
     assert ALGORITHMS.get("at_grpo").modes == ("independent", "tree") and ALGORITHMS.get("m_grpo").hierarchical
-    assert BACKENDS.names() == ["hf"]
+    assert BACKENDS.names() == ["hf", "vllm"]
     assert REGIMES.names() == ["lora_per_role", "per_role", "shared"]
     assert [REGIMES.get(n).adapters for n in REGIMES.names()] == [True, False, False]
     assert assign_roles(OmegaConf.create({"name": "per_role", "assignment": {"b": "a"}}), ["a", "b"]) == {"a": "a",

@@ -138,9 +138,6 @@ def check_run(cfg: DictConfig) -> None:
     """The rules across groups: registered names, rollout mode, roles, decoupled trainers, what a run loads."""
     ENVS.get(cfg.env.name)
     backend = BACKENDS.get(cfg.rollout.backend)
-    if uses_adapters(cfg.policy) and not getattr(backend, "serves_adapters", True):
-        raise ConfigError(f"rollout={cfg.rollout.backend} serves full-model policies (policy=shared|per_role); "
-                          f"policy={cfg.policy.name} needs rollout=hf")
     missing = getattr(backend, "requires", None)
     if missing and importlib.util.find_spec(missing.module) is None:
         raise ConfigError(f"rollout={cfg.rollout.backend} needs {missing.module}: {missing.install}")

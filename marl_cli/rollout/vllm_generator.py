@@ -1,6 +1,7 @@
 """The ``vllm`` rollout backend: vLLM engines colocated in this process, kept in sync with the learner.
 
-One engine per full-model policy (``shared``: one; ``per_role``: one per role's model). Before each
+One engine per full-model policy (``shared``: one; ``per_role``: one per role's model; ``lora_per_role``:
+one engine on the frozen base, each role's adapter a LoRA request). Before each
 generate call the generator compares the policy's weights' fingerprint with what the engine last received
 (``fingerprint``: the policy's update count, bumped by every optimiser step, warm start, checkpoint load
 and decoupled weight exchange, and torch's in-place version counter of every parameter) and pushes the
@@ -16,17 +17,24 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
+from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.backends.vllm import INSTALL
 from marl_cli.rollout.generation import Generation, Sampling, encode_prompts, end_token_ids
 
 log = logging.getLogger(__name__)
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The LoRA ranks a vLLM engine can be sized for (``max_lora_rank``); an adapter's rank may be smaller."""
 
 
 def import_vllm() -> Any:
@@ -50,38 +58,74 @@ def fingerprint(policy: Policy) -> tuple[int, tuple[tuple[int, int], ...]]:
 class VLLMGenerator:
     """Generates with one vLLM engine per full-model policy, syncing the learner's weights before use.
 
+    Under an adapter regime (``lora_rank`` set) one engine serves the frozen base and every policy is a
+    LoRA request on it: the base weights are pushed once the adapters are attached, and each adapter is
+    written to a temporary dir and requested under a new id whenever its policy changed.
+
     Args:
         settings: ``rollout.vllm`` (memory share, tensor-parallel size, sleep mode, KV cache on CPU).
         dtype: the engines' dtype (``model.dtype``).
         max_model_len: the longest sequence an engine serves (prompt limit + new tokens) unless
             ``rollout.vllm.max_model_len`` says otherwise.
         seed: the engines' sampling seed.
+        lora_rank: the adapters' rank (``policy.lora_r``) under an adapter regime, else None.
+        max_loras: how many adapters one batch may mix (the regime's policies).
     """
 
-    def __init__(self, settings: Any, dtype: str, max_model_len: int, seed: int):
+    def __init__(self, settings: Any, dtype: str, max_model_len: int, seed: int, lora_rank: int | None = None,
+                 max_loras: int = 1):
         self.settings, self.dtype, self.seed = settings, dtype, seed
         self.max_model_len = settings.max_model_len or max_model_len
+        self.lora_rank, self.max_loras = lora_rank, max_loras
         self.engines: dict[str, Any] = {}
-        self.synced: dict[str, tuple[int, tuple[tuple[int, int], ...]]] = {}
+        self.synced: dict[str, Any] = {}
+        self.adapters: dict[str, tuple[Any, Any]] = {}  # policy name → (fingerprint, LoRA request)
+        self.adapter_dir = tempfile.TemporaryDirectory(prefix="marl-vllm-lora-")
         self.calls = 0
         self.syncs = 0
 
     def engine(self, policy: Policy) -> Any:
-        """The engine serving ``policy``'s model, started on first use, holding the learner's current weights."""
-        key = policy.name
+        """The engine serving ``policy``'s model, started on first use, holding the learner's current weights
+        (an adapter policy's: its frozen base)."""
+        key = LORA_BASE if self.lora_rank else policy.name
         if key not in self.engines:
             self.engines[key] = self._start(policy)
         elif self.settings.enable_sleep_mode:
             self.engines[key].wake_up()
-        state = fingerprint(policy)
+        if policy.adapter is None:
+            state = fingerprint(policy)
+            weights = policy.model.state_dict().items()
+        else:  # the base is frozen once the adapters are attached: pushed once, without the adapters' weights
+            state = ("base of adapters", id(policy.model))
+            weights = ((name.replace(".base_layer.", "."), tensor)
+                       for name, tensor in policy.model.get_base_model().state_dict().items() if "lora_" not in name)
         if self.synced.get(key) != state:
             start = time.perf_counter()
-            weights = [(name, tensor.detach()) for name, tensor in policy.model.state_dict().items()]
-            self.engines[key].collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.engines[key].collective_rpc("reload_weights", kwargs={
+                "weights_iterator": [(name, tensor.detach()) for name, tensor in weights]})
             self.synced[key] = state
             self.syncs += 1
             log.debug("vllm: synced %s's weights (%.2f s)", policy.name, time.perf_counter() - start)
         return self.engines[key]
+
+    def lora_request(self, policy: Policy) -> Any:
+        """The LoRA request serving ``policy``'s adapter as it is now (None for a full model)."""
+        if policy.adapter is None:
+            return None
+        state = fingerprint(policy)
+        known = self.adapters.get(policy.name)
+        if known is not None and known[0] == state:
+            return known[1]
+        vllm = import_vllm()
+        lora_id = self.syncs + 1
+        path = Path(self.adapter_dir.name) / f"{policy.name}-{lora_id}"
+        policy.save(path)
+        if known is not None:
+            shutil.rmtree(known[1].lora_path, ignore_errors=True)
+        request = vllm.lora.request.LoRARequest(f"{policy.name}-{lora_id}", lora_id, str(path))
+        self.adapters[policy.name] = (state, request)
+        self.syncs += 1
+        return request
 
     def _start(self, policy: Policy) -> Any:
         vllm = import_vllm()
@@ -97,7 +141,7 @@ class VLLMGenerator:
                               gpu_memory_utilization=s.gpu_memory_utilization,
                               tensor_parallel_size=s.tensor_parallel_size, enable_sleep_mode=s.enable_sleep_mode,
                               enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs",
-                              enable_prefix_caching=s.enable_prefix_caching)
+                              enable_prefix_caching=s.enable_prefix_caching, **self._lora_args())
             # one token through the model: kernels that do not support it fail here, not mid-rollout
             engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])], vllm.SamplingParams(max_tokens=1),
                             use_tqdm=False)
@@ -108,6 +152,14 @@ class VLLMGenerator:
         log.info("vllm: engine for policy %s (%s) started in %.1f s", policy.name, policy.source,
                  time.perf_counter() - start)
         return engine
+
+    def _lora_args(self) -> dict[str, Any]:
+        if not self.lora_rank:
+            return {}
+        rank = next((r for r in LORA_RANKS if r >= self.lora_rank), None)
+        if rank is None:
+            raise ConfigError(f"rollout=vllm serves LoRA ranks up to {LORA_RANKS[-1]}; policy.lora_r={self.lora_rank}")
+        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": self.max_loras}
 
     def release(self) -> None:
         """Before the policies train: with ``rollout.vllm.enable_sleep_mode`` every engine frees its GPU memory
@@ -129,7 +181,7 @@ class VLLMGenerator:
             top_k=0 if greedy else sampling.top_k, max_tokens=sampling.max_new_tokens, stop_token_ids=ends,
             logprobs=0, detokenize=False)
         outputs = engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params,
-                                  use_tqdm=False)
+                                  use_tqdm=False, lora_request=self.lora_request(policy))
         self.calls += 1
         results = []
         for ids, cut, out in zip(prompt_ids, truncated, outputs, strict=True):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
@@ -59,17 +60,22 @@ def test_greedy_equals_hf_before_and_after_a_weight_update(run):
     assert run.generator.syncs == syncs + 1  # unchanged weights are not pushed again
 
 
-def test_an_optimiser_step_is_synced_before_the_next_generation(run, tmp_path):
-    policy = run.policies["tool"]
-    trainer = PolicyTrainer(policy, run.cfg.trainer, 1.0, 12, tmp_path / "trl", 0)  # TRL's optimiser (fused AdamW)
+def _one_update(run, policy, tmp_path) -> None:
+    """One real optimiser step of ``policy`` (TRL's optimiser: fused AdamW) on its own sampled rows."""
+    trainer = PolicyTrainer(policy, run.cfg.trainer, 1.0, 12, tmp_path / "trl" / policy.name, 0)
     sampled = run.generator.generate(policy, PROMPTS, Sampling(1.0, max_new_tokens=12))
-    rows = [Sample(task=i, branch=0, turn=0, role="tool", policy="tool", prompt_ids=g.prompt_ids,
+    rows = [Sample(task=i, branch=0, turn=0, role=policy.roles[0], policy=policy.name, prompt_ids=g.prompt_ids,
                    completion_ids=g.completion_ids, reward=float(i % 2), advantage=1.0 if i % 2 else -1.0,
                    sampling_logprobs=g.logprobs) for i, g in enumerate(sampled)]
     before = [p.detach().clone() for p in policy.model.parameters()]
-    syncs = run.generator.syncs
     trainer.update(rows, random.Random(0))
     assert any(not torch.equal(a, p) for a, p in zip(before, policy.model.parameters(), strict=True))
+
+
+def test_an_optimiser_step_is_synced_before_the_next_generation(run, tmp_path):
+    policy = run.policies["tool"]
+    _one_update(run, policy, tmp_path)
+    syncs = run.generator.syncs
     assert _ids(run.generator.generate(policy, PROMPTS, GREEDY)) == _ids(HFGenerator().generate(policy, PROMPTS,
                                                                                                   GREEDY))
     assert run.generator.syncs == syncs + 1
@@ -116,3 +122,41 @@ def test_a_model_the_engine_cannot_run_is_a_one_line_error(tmp_path):
     run = build_run(train_config(*FAST, "rollout=vllm"), tmp_path / "run")  # head_dim 16: no CPU attention kernel
     with pytest.raises(ConfigError, match=r"^rollout=vllm could not run .*tiny_init: Unsupported CPU attention"):
         run.generator.generate(run.policies["shared"], PROMPTS[:1], GREEDY)
+
+
+def test_lora_per_role_serves_each_roles_adapter_from_one_base_engine(tmp_path):
+    cfg = train_config(*VLLM, "policy=lora_per_role", "policy.lora_r=8", "workflow=tool_plan", "algorithm=at_grpo")
+    run = build_run(cfg, tmp_path / "run")
+    with torch.no_grad():  # the warm-start phase: the base (one full model) changes before adapters attach
+        gen = torch.Generator().manual_seed(1)
+        for p in run.policies[LORA_BASE].model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    run.attach_adapters()
+    with torch.no_grad():  # two different adapters
+        for name, p in run.policies["tool"].model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * (0.5 if ".tool." in name else 0.0))
+    answers = {}
+    for role in ("tool", "plan"):
+        policy = run.policies[role]
+        answers[role] = _ids(run.generator.generate(policy, PROMPTS, GREEDY))
+        assert answers[role] == _ids(HFGenerator().generate(policy, PROMPTS, GREEDY)), role
+    assert answers["tool"] != answers["plan"]
+    assert list(run.generator.engines) == [LORA_BASE]
+    plan = run.policies["plan"]
+    _one_update(run, plan, tmp_path)  # the trained adapter is requested again, under a new id
+    assert _ids(run.generator.generate(plan, PROMPTS, GREEDY)) == _ids(HFGenerator().generate(plan, PROMPTS, GREEDY))
+    assert _ids(run.generator.generate(run.policies["tool"], PROMPTS, GREEDY)) == answers["tool"]
+
+
+def test_a_lora_per_role_run_trains_through_vllm(tmp_path):
+    cfg = train_config(*VLLM, "policy=lora_per_role", "policy.lora_r=8", "workflow=tool_plan", "algorithm=at_grpo",
+                       "workflow.max_turns=1", "trainer.steps=2", "trainer.mini_batch_size=4",
+                       "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=16")
+    assert train(cfg, tmp_path / "run")["status"] == "completed"
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"train/reward"' in line]
+    assert len(steps) == 2
+    for record in steps:
+        for name in ("tool", "plan"):
+            assert record[f"train/{name}/logprob_gap/mean"] < 1e-5

