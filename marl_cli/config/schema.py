@@ -40,6 +40,7 @@ SchedulerType = choices("SchedulerType", "linear", "cosine", "cosine_with_restar
                         "warmup_stable_decay")
 """transformers' learning-rate schedules that need no metric."""
 TrainerRole = choices("TrainerRole", "all", "main", "sub")
+ISCorrection = choices("ISCorrection", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 LoggerMode = choices("LoggerMode", "auto", "online", "offline")
 SandboxBackend = choices("SandboxBackend", "bwrap", "rlimit")
 EvalKB = choices("EvalKB", "separate", "train")
@@ -344,6 +345,11 @@ class TrainerConfig:
     epsilon: float = bounded(0.2, ge=0.0)
     epsilon_high: float | None = bounded(None, ge=0.0)
     beta: float = bounded(0.0, ge=0.0)
+    # sampler-vs-learner correction (TRL's vLLM importance sampling): weight each token's loss by
+    # exp(learner − sampler log-prob) per token or summed per sequence, truncated to [min, max] or zeroed outside
+    is_correction: ISCorrection = ISCorrection.none
+    is_clip_max: float = bounded(3.0, gt=0.0)
+    is_clip_min: float | None = bounded(None, ge=0.0)
     num_iterations: int = bounded(1, ge=1)  # optimisation passes over each step's samples
     mini_batch_size: int = bounded(64, ge=1)  # rows per gradient step
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more compute)

@@ -123,6 +123,8 @@ class PolicyTrainer:
                              reward_funcs=[_rewards_come_from_rollouts], train_dataset=_placeholder_prompts())
         self.trl.current_gradient_accumulation_steps = 1
         self.trl.beta = trainer_cfg.beta
+        # TRL applies ``batch["importance_sampling_ratio"]`` (computed in ``_prepare``) only on its vLLM path
+        self.trl.use_vllm = self.trl.vllm_importance_sampling_correction = trainer_cfg.is_correction != "none"
         self.trl.create_optimizer_and_scheduler(num_training_steps=max(trainer_cfg.steps, 1))
         self.model = self.trl.model
         self.device = self.model.device
@@ -163,9 +165,32 @@ class PolicyTrainer:
             gap = (old - batch["sampling_logps"]).abs()[sampled]
             stats["logprob_gap/mean"].append(float(gap.mean()))
             stats["logprob_gap/max"].append(float(gap.max()))
+        if self.cfg.is_correction != "none":
+            batch["importance_sampling_ratio"] = self._is_ratio(old, batch, stats)
         if self.cfg.beta != 0.0 or self.cfg.log_ref_kl:
             batch["ref_per_token_logps"] = self._reference_logps(batch)
             stats["kl_ref"].append(approx_kl(old, batch["ref_per_token_logps"], mask))
+
+    def _is_ratio(self, old: torch.Tensor, batch: dict[str, torch.Tensor],
+                  stats: dict[str, list[float]]) -> torch.Tensor:
+        """The truncated importance weight of each token (``trainer.is_correction``), as TRL's vLLM path defines
+        it: exp(learner − sampler log-prob) per token or per sequence (summed), clamped to
+        [``is_clip_min``, ``is_clip_max``] (``*_truncate``) or zeroed outside it (``*_mask``); 1 where the
+        generator gave no log-probs."""
+        mode, low, high = self.cfg.is_correction, self.cfg.is_clip_min, self.cfg.is_clip_max
+        diff = (old - batch["sampling_logps"]) * batch["sampling_mask"]
+        if mode.startswith("sequence"):
+            diff = diff.sum(-1, keepdim=True)
+        ratio = torch.exp(diff)
+        if mode.endswith("truncate"):
+            ratio = ratio.clamp(min=low, max=high)
+        else:
+            ratio = ratio.masked_fill((ratio < (low or 0.0)) | (ratio > high), 0.0)
+        kept = ratio.expand_as(old)[batch["completion_mask"].bool()]
+        stats["is_ratio/mean"].append(float(kept.mean()))
+        stats["is_ratio/min"].append(float(kept.min()))
+        stats["is_ratio/max"].append(float(kept.max()))
+        return ratio
 
     def update(self, samples: list[Sample], rng: random.Random) -> dict[str, float]:
         """One RL step for this policy: ``num_iterations`` passes of mini-batch gradient steps."""
@@ -197,7 +222,8 @@ class PolicyTrainer:
             stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
             stats["mini_batches"].append(float(len(batches)))
         self.scheduler.step()
-        out = {k: (max(v) if k.endswith("/max") else sum(v) / len(v)) for k, v in stats.items() if v}
+        out = {k: (max(v) if k.endswith("/max") else min(v) if k.endswith("/min") else sum(v) / len(v))
+               for k, v in stats.items() if v}
         for key, values in self.trl._metrics["train"].items():
             if values:
                 out[key] = sum(values) / len(values)

@@ -1,6 +1,7 @@
 """Every config in conf/ composes; typos and type errors give a one-line error."""
 
 import importlib.util
+import inspect
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import LossType, SchedulerType, register_configs
+from marl_cli.config.schema import ISCorrection, LossType, SchedulerType, register_configs
 from marl_cli.config.validate import check_config, check_overrides, sweep_variants
 from tests.helpers import cli, marl
 
@@ -135,11 +136,14 @@ def test_cli_bad_choice_fails_fast_and_makes_no_run_dir(tmp_path):
 
 def test_choices_match_trl_and_transformers():
     from transformers import SchedulerType as HFSchedulers
-    from trl import GRPOConfig
+    from trl import GRPOConfig, GRPOTrainer
 
     assert {s.value for s in SchedulerType} <= {s.value for s in HFSchedulers}
     for loss in LossType:
         assert GRPOConfig(output_dir="unused", loss_type=loss, report_to=[], use_cpu=True, bf16=False).loss_type == loss
+    trl_modes = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for mode in ISCorrection:  # marl's importance-sampling modes are TRL's vLLM ones (plus none)
+        assert mode == "none" or f"'{mode}'" in trl_modes or f'"{mode}"' in trl_modes
 
 
 def test_cli_help_lists_commands_and_groups():

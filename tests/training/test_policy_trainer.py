@@ -1,4 +1,5 @@
 import random
+from collections import defaultdict
 
 import pytest
 import torch
@@ -107,3 +108,32 @@ def test_role_map():
         assign_roles(OmegaConf.create({"name": "shared", "assignment": {"zz": "x"}}), ["a"])
     with pytest.raises(ValueError, match="policy.name"):
         assign_roles(OmegaConf.create({"name": "bogus", "assignment": {}}), ["a"])
+
+
+@pytest.mark.parametrize("mode,shift,factor", [
+    ("token_truncate", 0.0, 1.0),  # sampler = learner: weight 1, the loss is unchanged
+    ("token_truncate", 5.0, 3.0),  # weight 5 truncated to is_clip_max = 3
+    ("token_mask", 5.0, 0.0),  # weight 5 outside [0, 3]: masked out
+    ("sequence_truncate", 1.1, None),  # per sequence: exp(1.1 × its tokens), truncated to 3
+])
+def test_importance_sampling_correction_weights_the_loss_as_trl_defines_it(policy, tmp_path, mode, shift, factor):
+    plain = _trainer(policy, tmp_path / "plain", mini_batch_size=64)
+    corrected = _trainer(policy, tmp_path / "is", mini_batch_size=64, is_correction=mode, is_clip_max=3.0)
+    rows = _rows([1.0, -1.0, 0.5])
+    learner = plain._logps(policy.model, collate(rows, policy.tokenizer.pad_token_id, torch.device("cpu")))
+    for i, row in enumerate(rows):  # the sampler's log-probs: the learner's minus log(shift) per token
+        row.sampling_logprobs = (learner[i, :len(row.completion_ids)] - (torch.tensor(shift).log() if shift else 0.0)
+                                 ).tolist()
+    losses, stats = [], {}
+    for trainer in (plain, corrected):
+        batch = collate(rows, policy.tokenizer.pad_token_id, torch.device("cpu"))
+        stats = defaultdict(list)
+        trainer._prepare(batch, stats)
+        losses.append(trainer.trl.compute_loss(trainer.model, batch).item())
+    if factor is not None:
+        assert losses[1] == pytest.approx(factor * losses[0], abs=1e-6)
+        assert stats["is_ratio/max"][0] == pytest.approx(factor, abs=1e-6)
+    else:
+        lengths = [len(r.completion_ids) for r in rows]
+        assert stats["is_ratio/max"][0] == pytest.approx(min(3.0, 1.1 ** max(lengths)), rel=1e-5)
+        assert losses[1] != pytest.approx(losses[0])
