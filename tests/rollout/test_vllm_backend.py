@@ -18,7 +18,7 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.loop import train
 from marl_cli.training.policy_trainer import PolicyTrainer
-from tests.helpers import FAST, train_config
+from tests.helpers import FAST, cli, train_config
 
 pytest.importorskip("vllm")
 
@@ -160,3 +160,17 @@ def test_a_lora_per_role_run_trains_through_vllm(tmp_path):
     for record in steps:
         for name in ("tool", "plan"):
             assert record[f"train/{name}/logprob_gap/mean"] < 1e-5
+
+
+@pytest.mark.parametrize("regime", ["per_role", "lora_per_role"])
+def test_marl_eval_with_vllm_reproduces_the_runs_greedy_eval(tmp_path, regime):
+    team = [*VLLM[:-1], "workflow=tool_plan", f"policy={regime}", "policy.lora_r=8"]
+    run = tmp_path / "run"
+    train(train_config(*team, "algorithm=at_grpo", "trainer.steps=1", "trainer.warmstart.enabled=true",
+                       "trainer.warmstart.num_examples=32"), run)  # trained and evaluated with rollout=hf
+    trained = json.loads((run / "summary.json").read_text())
+    out = cli("eval", *team, "rollout=vllm", f"load={run}", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    for key in ("eval/success", "eval/tool/reward", "eval/plan/reward", "eval/plan/completion_tokens"):
+        assert summary[key] == trained[key], key  # greedy, the same weights, the other backend
