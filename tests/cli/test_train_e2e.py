@@ -98,3 +98,10 @@ def test_wandb_logger_writes_offline_run(tmp_path):
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_importance_sampling_correction_runs_end_to_end(tmp_path):
+    train(train_config(*FAST, "trainer.steps=1", "trainer.is_correction=sequence_truncate"), tmp_path / "r")
+    step = next(r for r in _records(tmp_path / "r") if "train/reward" in r)
+    assert step["train/shared/is_ratio/max"] <= 3.0  # the sampler is the learner here: weights ≈ 1
+    assert step["train/shared/is_ratio/mean"] == pytest.approx(1.0, abs=1e-3)
