@@ -99,6 +99,16 @@ def encode_prompts(policy: Policy, prompts: list[str], sampling: Sampling) -> tu
     return [row[-limit:] for row in ids], [len(row) > limit for row in ids]
 
 
+def as_sampled(policy: Policy, prompt_ids: list[int], tokens: list[int], logprobs: list[float], truncated: bool,
+               ends: list[int]) -> Generation:
+    """A backend's raw completion as marl keeps it: cut after its first end token (kept whole when none came),
+    its log-probs cut with it, decoded without special tokens."""
+    end = next((j for j, t in enumerate(tokens) if t in ends), None)
+    completion = tokens if end is None else tokens[:end + 1]
+    text = policy.tokenizer.decode(completion, skip_special_tokens=True)
+    return Generation(prompt_ids, completion, text, logprobs[:len(completion)], truncated, end is not None)
+
+
 @contextlib.contextmanager
 def compute_precision(policy: Policy) -> Iterator[None]:
     """Run the forward passes in the policy's compute dtype (bf16 autocast over fp32 master weights)."""
@@ -143,13 +153,8 @@ class HFGenerator:
             generated = out[:, input_ids.shape[1]:]
             logprobs = recorder.finish(generated[:, -1]) if generated.shape[1] else None
             for i, row in enumerate(chunk):
-                completion = generated[i].tolist()
-                end = next((j for j, t in enumerate(completion) if t in ends), None)
-                if end is not None:
-                    completion = completion[:end + 1]
-                lps = logprobs[i, :len(completion)].tolist() if logprobs is not None else []
-                text = tokenizer.decode(completion, skip_special_tokens=True)
-                results.append(Generation(row, completion, text, lps, truncated[start + i], end is not None))
+                lps = logprobs[i].tolist() if logprobs is not None else []
+                results.append(as_sampled(policy, row, generated[i].tolist(), lps, truncated[start + i], ends))
         model.train(was_training)
         return results
 

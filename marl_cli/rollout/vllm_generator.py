@@ -29,7 +29,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
 from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.backends.vllm import INSTALL
-from marl_cli.rollout.generation import Generation, Sampling, encode_prompts, end_token_ids
+from marl_cli.rollout.generation import Generation, Sampling, as_sampled, encode_prompts, end_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +186,7 @@ class VLLMGenerator:
         results = []
         for ids, cut, out in zip(prompt_ids, truncated, outputs, strict=True):
             sample = out.outputs[0]
-            completion = list(sample.token_ids)
-            end = next((j for j, t in enumerate(completion) if t in ends), None)
-            if end is not None:
-                completion = completion[:end + 1]
-            logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], completion, strict=False)]
-            text = policy.tokenizer.decode(completion, skip_special_tokens=True)
-            results.append(Generation(ids, completion, text, logprobs, cut, end is not None))
+            tokens = list(sample.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], tokens, strict=False)]
+            results.append(as_sampled(policy, ids, tokens, logprobs, cut, ends))
         return results
