@@ -138,9 +138,9 @@ def check_run(cfg: DictConfig) -> None:
     """The rules across groups: registered names, rollout mode, roles, decoupled trainers, what a run loads."""
     ENVS.get(cfg.env.name)
     backend = BACKENDS.get(cfg.rollout.backend)
-    missing = getattr(backend, "requires", None)
-    if missing and importlib.util.find_spec(missing.module) is None:
-        raise ConfigError(f"rollout={cfg.rollout.backend} needs {missing.module}: {missing.install}")
+    needs = getattr(backend, "requires", None)
+    if needs and importlib.util.find_spec(needs.module) is None:
+        raise ConfigError(f"rollout={cfg.rollout.backend} needs {needs.module}: {needs.install}")
     algorithm = ALGORITHMS.get(cfg.algorithm.name)
     if cfg.algorithm.mode not in algorithm.modes:
         raise ConfigError(f"algorithm.mode={cfg.algorithm.mode} is not defined for algorithm={cfg.algorithm.name}; "

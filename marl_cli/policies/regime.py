@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source
-from marl_cli.policies.roles import LORA_BASE, REGIMES
+from marl_cli.policies.roles import LORA_BASE, REGIMES, uses_adapters
 
 _ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -151,17 +151,22 @@ def saved_policies(checkpoint: Path) -> dict[str, Path]:
     return {p.name: p for p in sorted((checkpoint / "policies").iterdir()) if p.is_dir()}
 
 
+def policy_dirs(checkpoint: Path, names: set[str]) -> dict[str, str]:
+    """Where ``checkpoint`` keeps each named policy (``<checkpoint>/policies/<name>``)."""
+    return {name: str(checkpoint / "policies" / name) for name in names}
+
+
 def resume_sources(policy_cfg: Any, run_dir: Path, checkpoint: Path, names: set[str]) -> dict[str, str]:
     """Where a resumed run's policies load from: each full model from ``checkpoint``; an adapter regime's
     base from the run's ``lora_base/`` (its adapters load when they attach, ``checkpoint_adapters``)."""
-    if REGIMES.get(policy_cfg.name).adapters:
+    if uses_adapters(policy_cfg):
         return {LORA_BASE: str(run_dir / LORA_BASE)}
-    return {name: str(checkpoint / "policies" / name) for name in names}
+    return policy_dirs(checkpoint, names)
 
 
 def checkpoint_adapters(checkpoint: Path | None, names: set[str]) -> dict[str, str] | None:
     """The adapter dirs a resumed adapter regime loads, by policy name (None: a fresh run)."""
-    return None if checkpoint is None else {name: str(checkpoint / "policies" / name) for name in names}
+    return None if checkpoint is None else policy_dirs(checkpoint, names)
 
 
 def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoint: Path, device: torch.device,
@@ -172,9 +177,9 @@ def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoin
     saved = saved_policies(checkpoint)
     adapters = {n for n, p in saved.items() if not (p / "config.json").exists()}
     wanted = set(role_map.values())
-    uses_adapters = REGIMES.get(cfg.policy.name).adapters
+    adapter_regime = uses_adapters(cfg.policy)
     if adapters:
-        if not uses_adapters:
+        if not adapter_regime:
             raise ConfigError(f"load={checkpoint} holds LoRA adapters ({', '.join(sorted(adapters))}); "
                               "evaluate it with policy=lora_per_role (and the run's policy.lora_* settings)")
         base = build_policies(role_map, cfg.model, cfg.seed, workdir, device, {LORA_BASE: str(run_dir / LORA_BASE)},
@@ -183,7 +188,7 @@ def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoin
         if missing:
             raise ConfigError(f"load={checkpoint}: no adapter for policies {missing}; it has {sorted(saved)}")
         return attach_adapters(base, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})
-    if uses_adapters:
+    if adapter_regime:
         raise ConfigError(f"load={checkpoint} holds full models; evaluate it with policy=shared or policy=per_role")
     if len(saved) == 1:
         sources = dict.fromkeys(wanted, str(next(iter(saved.values()))))

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import sub_roles
-from marl_cli.policies.regime import build_policies, checkpoint_adapters, resume_sources
+from marl_cli.policies.regime import build_policies, checkpoint_adapters, policy_dirs, resume_sources
 from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
@@ -61,7 +61,7 @@ def initial_policies(checkpoint: Path, names: set[str]) -> dict[str, str]:
     if missing:
         raise ConfigError(f"trainer.init_from={checkpoint}: no saved model for policies {missing} under "
                           f"{checkpoint / 'policies'}")
-    return {name: str(checkpoint / "policies" / name) for name in names}
+    return policy_dirs(checkpoint, names)
 
 
 def policy_loader(cfg: DictConfig, run_dir: Path, checkpoint: Path | None) -> PolicyLoader:

