@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 from collections.abc import Callable
@@ -15,12 +16,14 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import register_configs
 from marl_cli.config.validate import check_overrides
 from marl_cli.registry import load_plugins
+from marl_cli.training.launch import launched_world_size
 
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 """Flags that only print something; no run starts, so overrides are left to Hydra."""
 VALUE_FLAGS = {"-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
                "--experimental-rerun"}
 """Flags of a run whose next argument is their value, not an override."""
+MULTIRUN_FLAGS = {"-m", "--multirun"}
 
 
 def overrides_in(args: list[str]) -> list[str]:
@@ -60,6 +63,13 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
             check_overrides(config_name, overrides_in(args), config_dirs_in(args))
     except ConfigError as exc:
         fail(command, str(exc))
+    if command == "train":
+        if MULTIRUN_FLAGS.intersection(args) and launched_world_size() > 1:
+            fail(command, "a sweep (-m) starts its own jobs; launch one run per torchrun/accelerate launch")
+        if launched_world_size() > 1:
+            from marl_cli.training.distributed import launch_overrides
+
+            args = [*args, *launch_overrides(args)]
     sys.argv = [f"marl-{command}", *args]
     hydra_main()
 
@@ -76,6 +86,10 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
         import torch
 
         torch.set_num_threads(cfg.threads)
+    from marl_cli.training.distributed import World
+
+    if not World.current().main:  # rank 0 reports for the run
+        logging.getLogger().setLevel(logging.WARNING)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         summary = job(cfg, run_dir)

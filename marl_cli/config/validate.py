@@ -29,6 +29,7 @@ from marl_cli.config.paths import config_dir
 from marl_cli.envs.base import ENVS
 from marl_cli.policies.roles import assign_roles, uses_adapters
 from marl_cli.rollout.backends import BACKENDS
+from marl_cli.training.launch import launched_world_size
 from marl_cli.workflows.base import WORKFLOWS
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -163,6 +164,28 @@ def check_run(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={where}: no such directory")
     if "eval" in cfg:
         _check_eval(cfg)
+    _check_processes(cfg, launched_world_size())
+
+
+def _check_processes(cfg: DictConfig, processes: int) -> None:
+    """What a run launched as several processes (torchrun / accelerate launch) needs."""
+    if processes == 1:
+        return
+    where = f"launched as {processes} processes"
+    if "eval" in cfg:
+        raise ConfigError(f"marl eval runs in one process ({where}); start it with plain `marl eval`")
+    if cfg.trainer.role != "all":
+        raise ConfigError(f"trainer.role={cfg.trainer.role}: decoupled trainers run one process each ({where})")
+    if cfg.rollout.backend != "hf":
+        raise ConfigError(f"rollout={cfg.rollout.backend} runs in one process for now ({where}); use rollout=hf")
+    for key, value in (("rollout.tasks_per_step", cfg.rollout.tasks_per_step),
+                       ("trainer.mini_batch_size", cfg.trainer.mini_batch_size)):
+        if value < processes:
+            raise ConfigError(f"{key}={value} gives some of the {processes} processes nothing to do; "
+                              f"set it to at least {processes}")
+    if cfg.trainer.warmstart.enabled and cfg.trainer.warmstart.batch_size % processes:
+        raise ConfigError(f"trainer.warmstart.batch_size={cfg.trainer.warmstart.batch_size} must be a multiple "
+                          f"of the {processes} processes (each trains an equal share of every batch)")
 
 
 def _check_eval(cfg: DictConfig) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
@@ -19,9 +23,22 @@ def resolve_source(model_cfg: Any, seed: int, workdir: Path) -> str:
     if model_cfg.name_or_path:
         return str(model_cfg.name_or_path)
     target = workdir / "tiny_init"
-    if not (target / "config.json").exists():
-        save_tiny(model_cfg.tiny, seed, target)
+    save_once(target, lambda path: save_tiny(model_cfg.tiny, seed, path))
     return str(target)
+
+
+def save_once(target: Path, save: Callable[[Path], object]) -> None:
+    """``save`` a model dir to ``target`` unless it holds one (written aside, then renamed). In a
+    multi-process run every process calls this together: rank 0 writes (transformers saves weights
+    from the main process only) and the others wait for it."""
+    distributed = dist.is_available() and dist.is_initialized()
+    if not (target / "config.json").exists() and (not distributed or dist.get_rank() == 0):
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        save(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    if distributed:
+        dist.barrier()
 
 
 def load_model(source: str, dtype: str, device: torch.device) -> PreTrainedModel:

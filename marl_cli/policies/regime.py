@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source
+from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source, save_once
 from marl_cli.policies.roles import LORA_BASE, REGIMES, uses_adapters
 
 _ADAPTER_FILE = "adapter_model.safetensors"
@@ -120,9 +120,7 @@ def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, wor
     if policy_cfg.lora_r < 1:
         raise ConfigError(f"policy.lora_r must be at least 1, got {policy_cfg.lora_r}")
     base_dir = workdir / LORA_BASE
-    if not (base_dir / "config.json").exists():
-        base.model.save_pretrained(base_dir)
-        base.tokenizer.save_pretrained(base_dir)
+    save_once(base_dir, lambda path: (base.model.save_pretrained(path), base.tokenizer.save_pretrained(path)))
     targets = policy_cfg.lora_target_modules
     lora = LoraConfig(r=policy_cfg.lora_r, lora_alpha=policy_cfg.lora_alpha, lora_dropout=policy_cfg.lora_dropout,
                       target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")],

@@ -61,12 +61,14 @@ class Tracker:
         logger_cfg: the ``logger`` config (``name`` is ``wandb`` or ``none``).
         config: the resolved run config, stored with the W&B run (secret values redacted).
         run_name: the W&B run name.
+        writes: False on the processes of a multi-process run other than rank 0: they log nothing.
     """
 
-    def __init__(self, run_dir: Path, logger_cfg: Any, config: dict[str, Any], run_name: str):
+    def __init__(self, run_dir: Path, logger_cfg: Any, config: dict[str, Any], run_name: str, writes: bool = True):
         self.path = run_dir / "metrics.jsonl"
         self.wandb = None
-        if logger_cfg.name == "wandb":
+        self.writes = writes
+        if logger_cfg.name == "wandb" and writes:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
@@ -78,6 +80,8 @@ class Tracker:
             raise ConfigError(f"logger.name={logger_cfg.name!r} is unknown; choose from: wandb, none")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.writes:
+            return
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
@@ -86,7 +90,7 @@ class Tracker:
 
     def log_samples(self, step: int, records: list[dict[str, Any]], table: str) -> None:
         """Append readable completions to ``samples.jsonl`` and, with W&B, as the table ``table``."""
-        if not records:
+        if not records or not self.writes:
             return
         with (self.path.parent / "samples.jsonl").open("a") as f:
             for record in records:
@@ -116,12 +120,15 @@ class LogFile:
     """Copies marl's log lines (steps, evals, checkpoints, resumes) to ``path``, e.g. ``<run>/train.log``.
 
     Nothing is added when a handler already writes there (Hydra's job log of a ``marl train`` run dir);
-    a resumed run's own dir, or a run started in-process, gets its own handler until ``close``.
+    a resumed run's own dir, or a run started in-process, gets its own handler until ``close``; no
+    ``path`` (the processes of a multi-process run other than rank 0) adds nothing.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | None):
         self.logger = logging.getLogger("marl_cli")
         self.handler: logging.Handler | None = None
+        if path is None:
+            return
         target = path.resolve()
         every = [*logging.getLogger().handlers, *self.logger.handlers]
         if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve() == target for h in every):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.generation import Sampling
 from marl_cli.sandbox import Sandbox
+from marl_cli.training.distributed import World
 from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
 
@@ -65,6 +66,7 @@ class Run:
         generator: the rollout backend's generator.
         train_sampling: sampling of training rollouts.
         eval_sampling: sampling of evaluations.
+        world: the processes training the run together (``training/distributed.py``).
     """
 
     cfg: DictConfig
@@ -76,6 +78,7 @@ class Run:
     generator: Any
     train_sampling: Sampling
     eval_sampling: Sampling
+    world: World = field(default_factory=World)
 
     def tokenizers(self) -> dict[str, Any]:
         return {name: p.tokenizer for name, p in self.policies.items()}
@@ -117,4 +120,4 @@ def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, 
     temperature = cfg.rollout.eval_temperature if eval_temperature is None else eval_temperature
     return Run(cfg, run_dir, workflow, role_map, policies, routing(role_map, policies),
                BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
-               sampling_from(cfg.rollout, cfg.model, temperature))
+               sampling_from(cfg.rollout, cfg.model, temperature), World.current())

@@ -27,6 +27,7 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run
 from marl_cli.training.checkpoint import latest_checkpoint
+from marl_cli.training.distributed import play_shared
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +44,30 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``env.eval_size``
     eval tasks, played by ``run``'s policies (as routed now) with its eval sampling.
 
-    Tasks are played in chunks of one generation batch (``rollout.batch_size`` episodes), with a
-    progress bar when ``progress=true``; ``rows``, when given, receives every sample row played.
+    Tasks are dealt to the run's processes and played in chunks of one generation batch
+    (``rollout.batch_size`` episodes), with a progress bar when ``progress=true``; ``rows``, when given,
+    receives every sample row played.
     """
     workflow, size, sampling = run.workflow, run.cfg.env.eval_size, run.eval_sampling
     start_time = time.perf_counter()
     tasks = [workflow.env.task("eval", i) for i in range(size)]
     chunk = max(1, sampling.batch_size // samples)
-    played = RolloutResult([], [], 0)
-    with tqdm(total=size, desc=prefix, unit="task", disable=not run.cfg.progress, dynamic_ncols=True,
-              leave=False) as bar:
-        for first in range(0, size, chunk):
-            batch = tasks[first:first + chunk]
-            part = run_episodes(workflow, run.policies, run.routing, batch, samples, sampling, run.generator)
-            for item in (*part.episodes, *part.samples):
-                item.task += first
-            played.episodes += part.episodes
-            played.samples += part.samples
-            bar.update(len(batch))
+
+    def play(mine: list[Any]) -> RolloutResult:
+        played = RolloutResult([], [], 0)
+        with tqdm(total=len(mine), desc=prefix, unit="task", disable=not (run.cfg.progress and run.world.main),
+                  dynamic_ncols=True, leave=False) as bar:
+            for first in range(0, len(mine), chunk):
+                batch = mine[first:first + chunk]
+                part = run_episodes(workflow, run.policies, run.routing, batch, samples, sampling, run.generator)
+                for item in (*part.episodes, *part.samples):
+                    item.task += first
+                played.episodes += part.episodes
+                played.samples += part.samples
+                bar.update(len(batch))
+        return played
+
+    played = play_shared(run.world, tasks, play)
     metrics = rollout_metrics(played, prefix)
     metrics.pop(f"{prefix}/generate_calls")
     metrics[f"{prefix}/tasks"] = float(size)

@@ -62,8 +62,8 @@ class LogHook(Hook):
 
     def on_start(self, trainer: Trainer) -> None:
         cfg = trainer.cfg
-        self.bar = tqdm(total=cfg.trainer.steps, initial=trainer.start, desc=cfg.name, disable=not cfg.progress,
-                        dynamic_ncols=True)
+        self.bar = tqdm(total=cfg.trainer.steps, initial=trainer.start, desc=cfg.name,
+                        disable=not (cfg.progress and trainer.run.world.main), dynamic_ncols=True)
 
     def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
         cfg = trainer.cfg.trainer

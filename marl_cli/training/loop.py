@@ -103,11 +103,11 @@ class Trainer:
                                   CheckpointHook(cfg.trainer.save_every or (1 if self.sub_only else 0))]
         self.summary = self._summary()
         self.tracker = Tracker(run.run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
-                               f"{cfg.name}-{run.run_dir.name}")
+                               f"{cfg.name}-{run.run_dir.name}", writes=run.world.main)
 
     def fit(self) -> dict[str, Any]:
         """Prepare, train ``trainer.steps`` steps (from the checkpoint's on resume), finish; return the summary."""
-        log_file = LogFile(self.run.run_dir / "train.log")
+        log_file = LogFile(self.run.run_dir / "train.log" if self.run.world.main else None)
         status = "failed"
         try:
             self.prepare()
@@ -137,9 +137,12 @@ class Trainer:
         cfg, fresh = self.cfg, self.checkpoint is None
         if fresh and cfg.trainer.warmstart.enabled and not self.sub_only and not cfg.trainer.init_from:
             self.evaluate("eval_pre_warmstart", 0)
-            self.tracker.log(0, warm_start_all(self.run.policies, self.run.workflow, cfg, self.run.run_dir))
+            run = self.run
+            self.tracker.log(0, warm_start_all(run.policies, run.workflow, cfg, run.run_dir, run.world))
+        self.share_weights()
         if self.run.adapters_pending:
             self.attach_adapters()
+            self.share_weights()
         if self.exchange is not None and fresh:
             self.exchange.start(self.run.policies)
         if fresh:
@@ -148,10 +151,17 @@ class Trainer:
             if set(policy.roles) & self.trained_roles:
                 self.trainers[name] = PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature,
                                                     cfg.rollout.max_new_tokens, self.run.run_dir / "trl" / name,
-                                                    cfg.seed)
+                                                    cfg.seed, self.run.world)
                 policy.model = self.trainers[name].model
         if not fresh:
             self.restore(self.checkpoint)
+
+    def share_weights(self) -> None:
+        """Every process of a multi-process run continues from rank 0's weights (its warm start, its adapters)."""
+        if self.run.world.size > 1:
+            for policy in self.run.policies.values():
+                self.run.world.broadcast_module(policy.model)
+                policy.mark_updated()
 
     def attach_adapters(self) -> None:
         """``lora_per_role``: split the (warm-started) base into one adapter per policy; a resume loads them."""
@@ -190,11 +200,13 @@ class Trainer:
         self.tracker.log_samples(step, completion_records(rows, run.tokenizers(), step, prefix, readable),
                                  f"{prefix}/samples")
         self.summary.update(metrics)
-        write_json(run.run_dir / "summary.json", self.summary)
+        self.write_summary()
         return metrics
 
     def save(self, step: int) -> None:
         """Checkpoint ``step``; a decoupled sub trainer then acknowledges the store items the checkpoint holds."""
+        if not self.run.world.main:  # the ranks' weights and optimiser states are identical
+            return
         states = {n: t.state_dict() for n, t in self.trainers.items()}
         path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters)
         log.info("checkpoint: step %d saved to %s", step, path)
@@ -217,11 +229,15 @@ class Trainer:
 
     def close(self, status: str) -> None:
         self.summary["status"] = status
-        write_json(self.run.run_dir / "summary.json", self.summary)
+        self.write_summary()
         self.tracker.finish(self.summary)
         if self.exchange is not None:
             self.exchange.store.close()
         log.info("run %s: %s after %d steps", self.run.run_dir, status, self.summary["steps"])
+
+    def write_summary(self) -> None:
+        if self.run.world.main:
+            write_json(self.run.run_dir / "summary.json", self.summary)
 
     def _call(self, point: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -237,7 +253,8 @@ class Trainer:
         path = run.run_dir / "summary.json"
         if self.checkpoint is not None and path.exists():
             summary.update(json.loads(path.read_text()), status="running")
-        write_json(path, summary)
+        if run.world.main:
+            write_json(path, summary)
         return summary
 
 

@@ -28,6 +28,7 @@ from trl.trainer.utils import add_fused_lm_head
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.samples import Sample
+from marl_cli.training.distributed import World
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -50,6 +51,28 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[st
              "sampling_logps": sampling, "sampling_mask": sampling_mask}
     batch["num_items_in_batch"] = completion_mask.sum()  # token-sum losses (dapo, cispo, vespo) divide by it
     return {k: v.to(device) for k, v in batch.items()}
+
+
+def mini_batches(rows: list[Sample], size: int, world: World) -> list[list[Sample]]:
+    """``rows`` in mini-batches of ``size``; across several processes a last one too small to give every
+    rank a row joins the one before it."""
+    batches = [rows[i:i + size] for i in range(0, len(rows), size)]
+    if len(batches) > 1 and len(batches[-1]) < world.size:
+        last = batches.pop()
+        batches[-1] = batches[-1] + last
+    return batches
+
+
+def rank_weight(loss_type: str, mine: list[Sample], batch: list[Sample], world: World) -> float:
+    """What this rank's loss is multiplied by so that the ranks' mean gradient is the gradient of the whole
+    mini-batch's loss: ``size`` × this rank's share of the loss's normaliser (sequences for per-sequence
+    means, completion tokens for the token mean); the token-sum losses (dapo, cispo, vespo) are already
+    normalised by the whole mini-batch's token count (``num_items_in_batch``), per process."""
+    if world.size == 1 or loss_type in ("dapo", "cispo", "vespo"):
+        return 1.0
+    if loss_type == "bnpo":
+        return world.size * sum(len(s.completion_ids) for s in mine) / sum(len(s.completion_ids) for s in batch)
+    return world.size * len(mine) / len(batch)
 
 
 def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch.Tensor) -> float:
@@ -80,12 +103,14 @@ class PolicyTrainer:
         max_completion_length: the rollout's ``max_new_tokens`` (used by the ``dr_grpo`` loss).
         output_dir: where TRL may write (nothing is written during marl's updates).
         seed: seeds TRL's trainer construction.
+        world: the processes the update is split across (each mini-batch is, data-parallel).
     """
 
     def __init__(self, policy: Policy, trainer_cfg: Any, temperature: float, max_completion_length: int,
-                 output_dir: Path, seed: int):
+                 output_dir: Path, seed: int, world: World | None = None):
         self.policy = policy
         self.cfg = trainer_cfg
+        self.world = world or World()
         policy.activate()  # the optimiser takes the parameters that require grad: this adapter's only
         model = policy.model
         use_cpu = model.device.type == "cpu"
@@ -125,6 +150,8 @@ class PolicyTrainer:
         self.trl.beta = trainer_cfg.beta
         # TRL applies ``batch["importance_sampling_ratio"]`` (computed in ``_prepare``) only on its vLLM path
         self.trl.use_vllm = self.trl.vllm_importance_sampling_correction = trainer_cfg.is_correction != "none"
+        if self.trl.accelerator.num_processes != self.world.size:
+            raise RuntimeError(f"TRL sees {self.trl.accelerator.num_processes} processes, marl {self.world.size}")
         self.trl.create_optimizer_and_scheduler(num_training_steps=max(trainer_cfg.steps, 1))
         self.model = self.trl.model
         self.device = self.model.device
@@ -197,20 +224,27 @@ class PolicyTrainer:
         rows = [s for s in samples if s.keep]
         lr = self.scheduler.get_last_lr()[0]
         stats: dict[str, list[float]] = defaultdict(list)
-        if rows:
+        if len(rows) >= self.world.size:
             pad_id = self.policy.tokenizer.pad_token_id
-            batches = [collate(rows[i:i + self.cfg.mini_batch_size], pad_id, self.device)
-                       for i in range(0, len(rows), self.cfg.mini_batch_size)]
+            batches = []
+            for whole in mini_batches(rows, self.cfg.mini_batch_size, self.world):
+                mine = self.world.share(whole)
+                batch = collate(mine, pad_id, self.device)
+                tokens = sum(len(s.completion_ids) for s in whole)  # the token-sum losses' normaliser
+                batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
+                batch["weight"] = rank_weight(self.cfg.loss_type, mine, whole, self.world)
+                batches.append(batch)
             self.policy.activate()
             self.model.train()
             for batch in batches:
                 self._prepare(batch, stats)
             for _ in range(self.cfg.num_iterations):
                 for batch in rng.sample(batches, len(batches)):
-                    loss = self.trl.compute_loss(self.model, batch)
+                    loss = self.trl.compute_loss(self.model, batch) * batch["weight"]
                     stats["kl_old"].append(approx_kl(batch["old_per_token_logps"], self.trl.last_logps,
                                                      batch["completion_mask"]))
                     self.trl.accelerator.backward(loss)
+                    self.world.average_gradients(self.params)
                     norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
@@ -222,6 +256,7 @@ class PolicyTrainer:
             stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
             stats["mini_batches"].append(float(len(batches)))
         self.scheduler.step()
+        stats = self._gathered(stats)
         out = {k: (max(v) if k.endswith("/max") else min(v) if k.endswith("/min") else sum(v) / len(v))
                for k, v in stats.items() if v}
         for key, values in self.trl._metrics["train"].items():
@@ -232,6 +267,16 @@ class PolicyTrainer:
         out["rows"] = float(len(rows))
         out["dropped_rows"] = float(len(samples) - len(rows))
         return out
+
+    def _gathered(self, stats: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Every rank's values of each statistic (a rank's loss is its weighted share: their mean is the loss)."""
+        if self.world.size == 1:
+            return stats
+        merged: dict[str, list[float]] = defaultdict(list)
+        for part in self.world.gather(dict(stats)):
+            for key, values in part.items():
+                merged[key] += values
+        return merged
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}

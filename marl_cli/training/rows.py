@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import random
 
-from marl_cli.rollout.engine import rollout_metrics, row_metrics, run_episodes
+from marl_cli.rollout.engine import RolloutResult, rollout_metrics, row_metrics, run_episodes
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import Run
 from marl_cli.training.decoupled import Exchange
+from marl_cli.training.distributed import play_shared
 
 Rows = tuple[list[Sample], dict[int, list[int]] | None, dict[str, float]]
 
 
 class RolloutRows:
-    """Rollouts of the step's training tasks (``rollout.tasks_per_step`` of them, K samples each).
+    """Rollouts of the step's training tasks (``rollout.tasks_per_step`` of them, K samples each), dealt to
+    the run's processes and gathered.
 
     A decoupled main trainer (``exchange``) first loads the sub policy's newest weights and then hands
     the rollout's sub-trajectories to the store; synchronous, it loads the sub policy trained on the
@@ -36,8 +38,13 @@ class RolloutRows:
             metrics.update(self.exchange.refresh(run.policies, step - 1))
         per_step = cfg.rollout.tasks_per_step
         tasks = [run.workflow.env.task("train", (step - 1) * per_step + j) for j in range(per_step)]
-        result = run_episodes(run.workflow, run.policies, run.routing, tasks, cfg.algorithm.num_generations,
-                              run.train_sampling, run.generator, cfg.algorithm.mode, cfg.algorithm.selection, rng)
+
+        def play(mine: list) -> RolloutResult:
+            return run_episodes(run.workflow, run.policies, run.routing, mine, cfg.algorithm.num_generations,
+                                run.train_sampling, run.generator, cfg.algorithm.mode, cfg.algorithm.selection, rng)
+
+        result = play_shared(run.world, tasks, play)
+        rng.setstate(run.world.from_main(rng.getstate()))  # the ranks shuffle and select alike from here on
         metrics.update(rollout_metrics(result, "train"))
         if self.exchange is not None:
             metrics.update(self.exchange.send(step, result.samples))

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from trl import SFTConfig, SFTTrainer
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
+from marl_cli.training.distributed import World
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
@@ -85,12 +87,14 @@ class ProgressLog(TrainerCallback):
 
 
 def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: bool, output_dir: Path,
-               seed: int, progress: bool = False) -> dict[str, float]:
+               seed: int, progress: bool = False, world: World | None = None) -> dict[str, float]:
     """Fine-tune ``policy`` on demonstrations for its roles; return TRL's final training metrics.
 
     A bf16/fp16 policy with fp32 master weights trains under autocast (TRL's mixed precision);
-    ``progress`` shows TRL's progress bar.
+    ``progress`` shows TRL's progress bar. Across several processes (``world``) TRL trains data-parallel,
+    each rank on ``batch_size / ranks`` rows of every batch, so the global batch stays ``batch_size``.
     """
+    world = world or World()
     start = time.perf_counter()
     data = demonstrations(workflow, policy.roles, cfg.num_examples, use_chat_template, policy)
     log.info("warm start %s (roles %s): %d demonstrations, %s epochs", policy.name, ", ".join(policy.roles),
@@ -100,7 +104,7 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
         output_dir=str(output_dir),
         num_train_epochs=cfg.epochs,
         learning_rate=cfg.learning_rate,
-        per_device_train_batch_size=cfg.batch_size,
+        per_device_train_batch_size=cfg.batch_size // world.size,
         lr_scheduler_type=cfg.lr_scheduler_type,
         warmup_steps=cfg.warmup_ratio,
         gradient_checkpointing=False,
@@ -111,7 +115,7 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
         save_strategy="no",
         logging_strategy="steps",
         logging_steps=max(1, steps // 10),
-        disable_tqdm=not progress,
+        disable_tqdm=not (progress and world.main),
         seed=seed,
     )
     trainer = SFTTrainer(model=policy.model, args=args, train_dataset=data, processing_class=policy.tokenizer)
@@ -136,36 +140,52 @@ def warm_start_key(cfg: DictConfig, roles: list[str]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, output_dir: Path) -> dict[str, float]:
+def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, output_dir: Path,
+                      world: World | None = None) -> dict[str, float]:
     """``warm_start`` for ``policy``, reusing the weights of an identical warm start in ``trainer.warmstart.cache``.
 
     Runs of one sweep that warm-start the same way (the rows of a table that differ only after the
     warm start, or an RL hyperparameter sweep) train it once; a job that finds another job warming up
-    the same entry waits for it (a file lock). Without a cache dir every run warm-starts itself.
+    the same entry waits for it (a file lock). Without a cache dir every run warm-starts itself. In a
+    multi-process run rank 0 alone reads and writes the cache (the other ranks get its weights after
+    the warm start, ``Trainer.prepare``).
     """
+    world = world or World()
     ws = cfg.trainer.warmstart
+
+    def train() -> dict[str, float]:
+        return warm_start(policy, workflow, ws, cfg.model.use_chat_template, output_dir, cfg.seed, cfg.progress,
+                          world)
+
     if not ws.cache:
-        return warm_start(policy, workflow, ws, cfg.model.use_chat_template, output_dir, cfg.seed, cfg.progress)
+        return train()
     root = Path(ws.cache).expanduser()
-    root.mkdir(parents=True, exist_ok=True)
     key = warm_start_key(cfg, policy.roles)
     entry = root / key
-    with (root / f"{key}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (entry / "metrics.json").exists():
-            policy.load_weights(entry)
-            log.info("warm start %s: reused %s", policy.name, entry)
-            return {**json.loads((entry / "metrics.json").read_text()), "cached": 1.0}
-        metrics = warm_start(policy, workflow, ws, cfg.model.use_chat_template, output_dir, cfg.seed, cfg.progress)
-        tmp = root / f"{key}.tmp-{os.getpid()}"
-        policy.save(tmp)
-        (tmp / "metrics.json").write_text(json.dumps(metrics))
-        os.replace(tmp, entry)
-        log.info("warm start %s: saved to the cache as %s", policy.name, entry)
+    with ExitStack() as held:
+        if world.main:
+            root.mkdir(parents=True, exist_ok=True)
+            lock = held.enter_context((root / f"{key}.lock").open("a"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if world.from_main((entry / "metrics.json").exists()):
+            cached = None
+            if world.main:
+                policy.load_weights(entry)
+                log.info("warm start %s: reused %s", policy.name, entry)
+                cached = json.loads((entry / "metrics.json").read_text())
+            return {**world.from_main(cached), "cached": 1.0}
+        metrics = train()
+        if world.main:
+            tmp = root / f"{key}.tmp-{os.getpid()}"
+            policy.save(tmp)
+            (tmp / "metrics.json").write_text(json.dumps(metrics))
+            os.replace(tmp, entry)
+            log.info("warm start %s: saved to the cache as %s", policy.name, entry)
     return {**metrics, "cached": 0.0}
 
 
-def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictConfig, run_dir: Path,
+                   world: World | None = None) -> dict[str, float]:
     """Warm-start every policy; return the ``warmstart/<policy>/...`` metrics.
 
     With ``trainer.warmstart.shared_base`` (default) and several policies, one model is warm-started on
@@ -176,7 +196,7 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
         first, *others = policies.values()
         roles = [role for p in policies.values() for role in p.roles]
         base = Policy("base", first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
-        stats = cached_warm_start(base, workflow, cfg, run_dir / "warmstart" / "base")
+        stats = cached_warm_start(base, workflow, cfg, run_dir / "warmstart" / "base", world)
         first.mark_updated()  # the base trained first's model
         for policy in others:
             policy.model.load_state_dict(first.model.state_dict())
@@ -184,6 +204,6 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
         return {f"warmstart/base/{k}": v for k, v in stats.items()}
     metrics = {}
     for name, policy in policies.items():
-        stats = cached_warm_start(policy, workflow, cfg, run_dir / "warmstart" / name)
+        stats = cached_warm_start(policy, workflow, cfg, run_dir / "warmstart" / name, world)
         metrics.update({f"warmstart/{name}/{k}": v for k, v in stats.items()})
     return metrics

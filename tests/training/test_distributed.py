@@ -1,0 +1,133 @@
+"""Data-parallel training: the update split across two gloo processes equals one process's, and a
+``torchrun`` run writes one run dir, one metrics line per step and one checkpoint, and resumes."""
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import ModelConfig, TrainerConfig
+from marl_cli.config.validate import _check_processes
+from marl_cli.policies.regime import build_policies
+from marl_cli.rollout.samples import Sample
+from marl_cli.training.distributed import World, init_from_launcher
+from marl_cli.training.policy_trainer import PolicyTrainer, mini_batches, rank_weight
+from tests.helpers import train_config
+from tests.policies.test_tiny import SMALL
+
+LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo")
+
+
+def _rows(step: int) -> list[Sample]:
+    gen = random.Random(step)
+    return [Sample(task=i // 2, branch=i % 2, turn=0, role="agent", policy="shared",
+                   prompt_ids=[gen.randrange(3, 60) for _ in range(gen.randint(2, 6))],
+                   completion_ids=[gen.randrange(3, 60) for _ in range(gen.randint(1, 7))],
+                   reward=0.0, advantage=gen.uniform(-1, 1), sampling_logprobs=[])
+            for i in range(10)]
+
+
+def _train(tmp: str, loss_type: str, world: World) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+    model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
+    policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"))["shared"]
+    cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-3, steps=4, mini_batch_size=4, loss_type=loss_type,
+                                             log_ref_kl=True))
+    trainer = PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world)
+    stats = [trainer.update(_rows(step), random.Random(step)) for step in range(2)]
+    return {k: v.clone() for k, v in policy.model.state_dict().items()}, stats
+
+
+def _worker(rank: int, port: int, tmp: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), CUDA_VISIBLE_DEVICES="")
+    torch.set_num_threads(1)
+    init_from_launcher()
+    results = {t: _train(tmp, t, World.current()) for t in LOSS_TYPES}  # one run dir, as under torchrun
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_update_equals_one_process_update(tmp_path):
+    out = tmp_path / "two.pt"
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path), str(out)), nprocs=2, join=True)
+    two = torch.load(out, weights_only=False)
+    for loss_type in LOSS_TYPES:
+        weights, stats = _train(str(tmp_path / f"one-{loss_type}"), loss_type, World())
+        weights2, stats2 = two[loss_type]
+        for key, value in weights.items():
+            torch.testing.assert_close(weights2[key], value, atol=2e-6, rtol=1e-5, msg=f"{loss_type}: {key}")
+        for one, two_step in zip(stats, stats2, strict=True):
+            assert one["mini_batches"] == two_step["mini_batches"] == 3
+            for key in ("loss", "grad_norm", "entropy", "advantage/mean"):  # exact: global over the ranks
+                assert two_step[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (loss_type, key)
+            # per-token diagnostics are the mean of each rank's masked mean (not token-weighted across ranks)
+            assert two_step["kl_ref"] == pytest.approx(one["kl_ref"], rel=0.1)
+
+
+def test_rank_weights_add_up_to_the_whole_batch():
+    batch = _rows(0)[:5]
+    for loss_type in ("bnpo", "grpo", "dr_grpo"):
+        weights = [rank_weight(loss_type, World(r, 2).share(batch), batch, World(r, 2)) for r in range(2)]
+        assert sum(weights) == pytest.approx(2.0)  # the ranks' mean gradient is the whole batch's
+    assert rank_weight("dapo", batch[:2], batch, World(0, 2)) == 1.0  # normalised by num_items_in_batch
+
+
+def test_a_last_mini_batch_too_small_for_every_rank_joins_the_one_before():
+    rows = _rows(0)[:9]
+    assert [len(b) for b in mini_batches(rows, 4, World())] == [4, 4, 1]
+    assert [len(b) for b in mini_batches(rows, 4, World(0, 2))] == [4, 5]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("rollout.tasks_per_step=1", "rollout.tasks_per_step=1 gives some of the 2 processes nothing to do"),
+    ("trainer.warmstart.batch_size=33", "must be a multiple of the 2 processes"),
+    ("trainer.role=main", "decoupled trainers run one process each"),
+])
+def test_a_config_two_processes_cannot_run_fails_before_anything_is_built(override, message):
+    cfg = train_config("experiment=embedded", override)
+    with pytest.raises(ConfigError, match=message):
+        _check_processes(cfg, 2)
+    _check_processes(cfg, 1)
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(_free_port()), "-m", "marl_cli", "train", *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_torchrun_two_processes_train_resume_and_write_once(tmp_path):
+    run_dir = tmp_path / "run"
+    common = ["experiment=embedded", "trainer.warmstart.num_examples=64", "env.eval_size=10", "trainer.eval_every=0",
+              "rollout.tasks_per_step=4", "logger=none", "progress=false"]
+    done = _torchrun(*common, "trainer.steps=2", "trainer.save_every=1", f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 0, 0, 1, 2, 2]  # eval before warm start, warm start, eval_before; steps 1, 2; final eval
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert sum("step 1/2" in line for line in (run_dir / "train.log").read_text().splitlines()) == 1
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+    resumed = _torchrun(*common, "trainer.steps=3", f"trainer.resume={run_dir}", f"hydra.run.dir={tmp_path / 'r2'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-2:] == [3, 3]
+    assert (run_dir / "checkpoints" / "step_000003").is_dir()
