@@ -262,6 +262,7 @@ class PolicyConfig:
     lora_alpha: int = bounded(32, ge=1)
     lora_dropout: float = bounded(0.0, ge=0.0, le=0.99)
     lora_target_modules: str = "all-linear"  # peft target modules: all-linear, or comma-separated module names
+    devices: list[str] = field(default_factory=list)  # full-model policies on these devices, in turn (cuda:0,cuda:1)
 
 
 @dataclass

@@ -148,8 +148,15 @@ def check_run(cfg: DictConfig) -> None:
                           f"choose from: {', '.join(algorithm.modes)} (tree rollouts are algorithm=at_grpo)")
     if WORKFLOWS.get(cfg.workflow.name).trajectory_rewards and not algorithm.hierarchical:
         raise ConfigError(f"workflow={cfg.workflow.name} rewards whole trajectories; train it with algorithm=m_grpo")
-    if not DEVICE.fullmatch(cfg.device):
-        raise ConfigError(f"device={cfg.device!r}: choose from auto, cpu, mps, cuda, cuda:<index>")
+    for key, device in [("device", cfg.device), *(("policy.devices", d) for d in cfg.policy.devices)]:
+        if not DEVICE.fullmatch(device):
+            raise ConfigError(f"{key}: {device!r} is not a device; choose from auto, cpu, mps, cuda, cuda:<index>")
+    if cfg.policy.devices and uses_adapters(cfg.policy):
+        raise ConfigError(f"policy.devices places full-model policies; policy={cfg.policy.name} serves every role "
+                          "from one base model")
+    if cfg.policy.devices and cfg.rollout.backend != "hf":
+        raise ConfigError(f"policy.devices works with rollout=hf for now (rollout={cfg.rollout.backend} places its "
+                          "engines itself)")
     roles = list(cfg.workflow.roles)
     role_map = assign_roles(cfg.policy, roles)
     unknown = sorted(set(cfg.trainer.frozen_roles) - set(roles))
@@ -176,6 +183,8 @@ def _check_processes(cfg: DictConfig, processes: int) -> None:
         raise ConfigError(f"marl eval runs in one process ({where}); start it with plain `marl eval`")
     if cfg.trainer.role != "all":
         raise ConfigError(f"trainer.role={cfg.trainer.role}: decoupled trainers run one process each ({where})")
+    if cfg.policy.devices:
+        raise ConfigError(f"policy.devices places policies within one process; {where}, each uses its own GPU")
     if cfg.rollout.backend != "hf":
         raise ConfigError(f"rollout={cfg.rollout.backend} runs in one process for now ({where}); use rollout=hf")
     for key, value in (("rollout.tasks_per_step", cfg.rollout.tasks_per_step),

@@ -86,10 +86,22 @@ class Policy:
         save_file(get_peft_model_state_dict(self.model, adapter_name=self.adapter), str(path / _ADAPTER_FILE))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where each policy's model lives: ``by_policy[name]`` (``policy.devices``), else ``default``."""
+
+    default: torch.device
+    by_policy: dict[str, torch.device] = field(default_factory=dict)
+
+    def of(self, name: str) -> torch.device:
+        return self.by_policy.get(name, self.default)
+
+
 def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir: Path,
-                   device: torch.device, sources: dict[str, str] | None = None,
+                   device: torch.device | Placement, sources: dict[str, str] | None = None,
                    regime: str = "shared", master_weights: bool = False) -> dict[str, Policy]:
-    """Load one model per policy name; ``sources`` (e.g. a checkpoint) override where each loads from.
+    """Load one model per policy name, on ``device`` (or its ``Placement``); ``sources`` (e.g. a checkpoint)
+    override where each loads from.
 
     Under ``lora_per_role`` this returns the one base model as a policy named ``base`` serving every
     role (what the warm start trains); ``attach_adapters`` then splits it into per-role adapters.
@@ -102,10 +114,11 @@ def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir:
     policies: dict[str, Policy] = {}
     compute = DTYPES.get(model_cfg.dtype)
     stored = "float32" if master_weights and compute is not None else model_cfg.dtype
+    place = device if isinstance(device, Placement) else Placement(device)
     for role, name in role_map.items():
         if name not in policies:
             source = (sources or {}).get(name, base)
-            policies[name] = Policy(name, load_model(source, stored, device), load_tokenizer(source), source,
+            policies[name] = Policy(name, load_model(source, stored, place.of(name)), load_tokenizer(source), source,
                                     compute_dtype=compute)
         policies[name].roles.append(role)
     return policies
@@ -167,8 +180,8 @@ def checkpoint_adapters(checkpoint: Path | None, names: set[str]) -> dict[str, s
     return None if checkpoint is None else policy_dirs(checkpoint, names)
 
 
-def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoint: Path, device: torch.device,
-                    workdir: Path) -> dict[str, Policy]:
+def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoint: Path,
+                    device: torch.device | Placement, workdir: Path) -> dict[str, Policy]:
     """The policies saved in ``checkpoint`` of ``run_dir``, for ``role_map`` (evaluation): each by its
     name, or every one from a checkpoint's only policy. Adapter checkpoints load onto the run's saved
     base and need an adapter regime; full models need a full-model regime."""

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config
 from marl_cli.envs import ENVS, build_env
-from marl_cli.policies.regime import Policy, attach_adapters, build_policies, routing
+from marl_cli.policies.regime import Placement, Policy, attach_adapters, build_policies, routing
 from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.generation import Sampling
@@ -24,8 +24,9 @@ from marl_cli.training.distributed import World
 from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
 
-PolicyLoader = Callable[[dict[str, str], torch.device], dict[str, Policy]]
-"""``(role→policy map of the roles to build, device) -> policies by name``: where a run's policies come from."""
+PolicyLoader = Callable[[dict[str, str], Placement], dict[str, Policy]]
+"""``(role→policy map of the roles to build, where each goes) -> policies by name``: where a run's policies come
+from."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -35,6 +36,15 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} but no CUDA device is visible; use device=cpu or device=auto")
     return torch.device(name)
+
+
+def placement(cfg: DictConfig, role_map: dict[str, str]) -> Placement:
+    """The run's ``device``, with ``policy.devices`` each full-model policy on the next device in turn (in the
+    order the workflow's roles first name them), e.g. the two per-role policies on ``cuda:0`` and ``cuda:1``."""
+    default = resolve_device(cfg.device)
+    devices = [resolve_device(d) for d in cfg.policy.devices]
+    names = list(dict.fromkeys(role_map.values()))
+    return Placement(default, {n: devices[i % len(devices)] for i, n in enumerate(names)} if devices else {})
 
 
 def sampling_from(rollout: Any, model_cfg: Any, temperature: float) -> Sampling:
@@ -108,9 +118,9 @@ def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, 
     run_dir.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
     workflow = build_team(cfg)
     role_map = assign_roles(cfg.policy, workflow.roles)
+    device = placement(cfg, role_map)
     owned = {r: p for r, p in role_map.items() if roles is None or r in roles}
     if load is None:
         policies = build_policies(owned, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name,

@@ -27,12 +27,14 @@ T = TypeVar("T")
 
 
 def init_from_launcher() -> None:
-    """Join the launcher's process group (gloo on CPU, NCCL on CUDA) once; a no-op for one process."""
+    """Join the launcher's process group once (gloo for CPU tensors, NCCL for CUDA ones, each process on
+    the GPU of its ``LOCAL_RANK``); a no-op for one process."""
     if launched_world_size() > 1 and not dist.is_initialized():
-        cuda = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "0") != ""
-        if cuda:
+        if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if cuda else "gloo")
+            dist.init_process_group("cpu:gloo,cuda:nccl")
+        else:
+            dist.init_process_group("gloo")
 
 
 def launch_overrides(args: list[str]) -> list[str]:

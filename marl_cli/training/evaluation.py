@@ -16,12 +16,11 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.policies.regime import Policy, build_policies, load_checkpoint
+from marl_cli.policies.regime import Placement, Policy, build_policies, load_checkpoint
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
@@ -112,11 +111,11 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         if saved_cfg.exists():
             summary["loaded_name"] = OmegaConf.load(saved_cfg).get("name")
 
-        def load(role_map: dict[str, str], device: torch.device) -> dict[str, Policy]:
+        def load(role_map: dict[str, str], device: Placement) -> dict[str, Policy]:
             return load_checkpoint(cfg, role_map, loaded_run, checkpoint, device, run_dir)
     else:
 
-        def load(role_map: dict[str, str], device: torch.device) -> dict[str, Policy]:
+        def load(role_map: dict[str, str], device: Placement) -> dict[str, Policy]:
             return build_policies(role_map, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name)
     run = build_run(cfg, run_dir, load, eval_temperature=cfg.eval.temperature)
     policies = run.policies

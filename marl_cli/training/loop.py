@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import sub_roles
-from marl_cli.policies.regime import build_policies, checkpoint_adapters, policy_dirs, resume_sources
+from marl_cli.policies.regime import Placement, build_policies, checkpoint_adapters, policy_dirs, resume_sources
 from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
@@ -67,7 +67,7 @@ def initial_policies(checkpoint: Path, names: set[str]) -> dict[str, str]:
 def policy_loader(cfg: DictConfig, run_dir: Path, checkpoint: Path | None) -> PolicyLoader:
     """Where a training run's policies start: its checkpoint (resume), ``trainer.init_from``, or ``cfg.model``."""
 
-    def load(owned: dict[str, str], device: torch.device) -> dict[str, Any]:
+    def load(owned: dict[str, str], device: Placement) -> dict[str, Any]:
         names = set(owned.values())
         sources = None
         if checkpoint is not None:

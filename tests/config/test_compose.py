@@ -87,7 +87,9 @@ def test_config_dir_is_the_checkout_conf():
     ("rollout.backend=sglang", "rollout.backend='sglang' is not registered; choose from: hf, vllm"),
     ("policy.name=bogus", "policy.name='bogus' is not registered; choose from: lora_per_role, per_role, shared"),
     ("algorithm.mode=tree", "algorithm.mode=tree is not defined for algorithm=grpo; choose from: independent"),
-    ("device=gpu", "device='gpu': choose from auto, cpu, mps, cuda, cuda:<index>"),
+    ("device=gpu", "device: 'gpu' is not a device; choose from auto, cpu, mps, cuda, cuda:<index>"),
+    ("policy.devices=[cuda:0,gpu1]", "policy.devices: 'gpu1' is not a device"),
+    ("policy=lora_per_role policy.devices=[cpu]", "policy.devices places full-model policies; policy=lora_per_role"),
     ("trainer.frozen_roles=[ghost]", "trainer.frozen_roles names roles ['ghost'] that the workflow lacks"),
     ("trainer.role=sub", "trainer.role=sub runs decoupled M-GRPO trainers; it needs algorithm=m_grpo"),
     ("trainer.resume=/no/such/run", "trainer.resume=/no/such/run: no such directory"),
@@ -95,7 +97,7 @@ def test_config_dir_is_the_checkout_conf():
 ])
 def test_errors_are_one_line(override, message):
     with pytest.raises(ConfigError) as err:
-        check_overrides("train", [override])
+        check_overrides("train", override.split())
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 

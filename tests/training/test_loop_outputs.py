@@ -8,11 +8,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import register_configs
 from marl_cli.policies.regime import build_policies
 from marl_cli.policies.roles import assign_roles
-from marl_cli.training.build import build_team
+from marl_cli.training.build import build_run, build_team, placement
 from marl_cli.training.hooks import step_line
 from marl_cli.training.loop import train
 from marl_cli.training.warmstart import warm_start_all
@@ -134,3 +135,13 @@ def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
     policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 1, tmp_path / "s1",
                               torch.device("cpu"))
     assert warm_start_all(policies, workflow, cfg, tmp_path / "s1")["warmstart/base/cached"] == 0.0
+
+
+def test_per_role_policies_are_placed_on_their_devices_in_turn(tmp_path):
+    cfg = _cfg("policy.devices=[cpu,cpu]", "trainer.warmstart.enabled=false")
+    run = build_run(cfg, tmp_path)
+    assert {n: str(p.model.device) for n, p in run.policies.items()} == {"tool": "cpu", "plan": "cpu"}
+    assert list(placement(cfg, run.role_map).by_policy) == ["tool", "plan"]
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device='cuda:1' but no CUDA device is visible"):
+            build_run(_cfg("policy.devices=[cpu,cuda:1]"), tmp_path / "cuda")
