@@ -94,7 +94,8 @@ class EvalHook(Hook):
 
 
 class CheckpointHook(Hook):
-    """A checkpoint every ``every`` steps, after the last step, and of the last completed step on Ctrl-C."""
+    """A checkpoint every ``every`` steps, after the last step, and of the last completed step when stopped
+    (SIGINT/SIGTERM; see ``training/interrupts.py``)."""
 
     def __init__(self, every: int):
         self.every = every
@@ -107,5 +108,8 @@ class CheckpointHook(Hook):
         trainer.save(step)
 
     def on_interrupt(self, trainer: Trainer) -> None:
-        if trainer.step > trainer.start:
+        if trainer.mid_step:
+            log.warning("interrupted during step %d: not saved; a resume continues from the newest checkpoint",
+                        trainer.step + 1)
+        elif trainer.step > trainer.start:
             trainer.save(trainer.step)

@@ -37,6 +37,7 @@ from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_che
 from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.hooks import CheckpointHook, EvalHook, Hook, LogHook
+from marl_cli.training.interrupts import StopRequest
 from marl_cli.training.policy_trainer import PolicyTrainer
 from marl_cli.training.rows import RolloutRows, StoreRows
 from marl_cli.training.warmstart import warm_start_all
@@ -99,6 +100,7 @@ class Trainer:
         self.rng = random.Random(cfg.seed)
         self.counters = {"store/trajectories": 0.0}  # decoupled: sub-trajectories written (main) or trained (sub)
         self.start = self.step = self.acked = 0
+        self.mid_step = False  # the weights may hold part of an update: an interrupt now saves nothing
         self.hooks: list[Hook] = [LogHook(), EvalHook(),
                                   CheckpointHook(cfg.trainer.save_every or (1 if self.sub_only else 0))]
         self.summary = self._summary()
@@ -110,12 +112,18 @@ class Trainer:
         log_file = LogFile(self.run.run_dir / "train.log" if self.run.world.main else None)
         status = "failed"
         try:
-            self.prepare()
-            self._call("on_start")
-            for step in range(self.start + 1, self.cfg.trainer.steps + 1):
-                metrics, rows = self.train_step(step)
-                self.step = self.summary["steps"] = step
-                self._call("on_step", step, metrics, rows)
+            with StopRequest() as stop:
+                self.prepare()
+                self._call("on_start")
+                for step in range(self.start + 1, self.cfg.trainer.steps + 1):
+                    stop.in_step = self.mid_step = True
+                    metrics, rows = self.train_step(step)
+                    self.step = self.summary["steps"] = step
+                    self.mid_step = False
+                    self._call("on_step", step, metrics, rows)
+                    stop.in_step = False
+                    if any(self.run.world.gather(stop.requested)):  # every rank stops after the same step
+                        raise KeyboardInterrupt
             self.source.finish(self.step)
             self._call("on_end", self.step)
             self.summary.update(self.counters if self.exchange is not None else {})
