@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from marl_cli.config.errors import ConfigError
@@ -24,6 +26,8 @@ VALUE_FLAGS = {"-p", "--package", "-cp", "--config-path", "-cn", "--config-name"
                "--experimental-rerun"}
 """Flags of a run whose next argument is their value, not an override."""
 MULTIRUN_FLAGS = {"-m", "--multirun"}
+FAILED_JOBS: list[tuple[str, str]] = []
+"""(job dir, error) of the sweep's failed jobs in this process."""
 
 
 def overrides_in(args: list[str]) -> list[str]:
@@ -71,7 +75,11 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
 
             args = [*args, *launch_overrides(args)]
     sys.argv = [f"marl-{command}", *args]
+    FAILED_JOBS.clear()
     hydra_main()
+    if FAILED_JOBS:
+        fail(command, f"{len(FAILED_JOBS)} job(s) of the sweep failed (the others ran): "
+             + "; ".join(f"{d}: {e}" for d, e in FAILED_JOBS))
 
 
 def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg: DictConfig) -> float | None:
@@ -90,13 +98,32 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
 
     if not World.current().main:  # rank 0 reports for the run
         logging.getLogger().setLevel(logging.WARNING)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra = HydraConfig.get()
+    run_dir = Path(hydra.runtime.output_dir)
     try:
         summary = job(cfg, run_dir)
-    except ConfigError as exc:
-        remove_if_empty(run_dir)
-        fail(command, str(exc))
+    except Exception as exc:
+        if hydra.mode != RunMode.MULTIRUN:
+            if not isinstance(exc, ConfigError):
+                raise
+            remove_if_empty(run_dir)
+            fail(command, str(exc))
+        return sweep_job_failed(run_dir, Path(hydra.sweep.dir), exc)
     return summary.get("eval/success")
+
+
+def sweep_job_failed(run_dir: Path, sweep_dir: Path, exc: Exception) -> None:
+    """A sweep goes on past a failing job: its error is logged, kept in its ``summary.json`` (status
+    ``failed``) and, with the in-process launcher, makes ``marl`` exit 2 once every job has run."""
+    error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    name = str(run_dir.relative_to(sweep_dir)) if run_dir.is_relative_to(sweep_dir) else str(run_dir)
+    logging.getLogger("marl_cli").error("job %s failed: %s", name, error)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"run_dir": str(run_dir)}
+    summary.update(status="failed", error=error)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2))
+    FAILED_JOBS.append((name, error))
 
 
 STARTUP_FILES = {".hydra", "train.log", "eval.log", "summary.json", "tiny_init"}
