@@ -102,6 +102,22 @@ class Tracker:
             rows = [[r[c] for c in columns] for r in records]
             self.wandb.log({table: wandb.Table(columns=columns, data=rows)}, step=step)
 
+    def forget_after(self, step: int) -> int:
+        """Drop the records of steps after ``step`` from ``metrics.jsonl`` and ``samples.jsonl`` (a resume from
+        the checkpoint of ``step`` trains them again, so each step is logged once); return how many went."""
+        dropped = 0
+        for path in (self.path, self.path.parent / "samples.jsonl"):
+            if not self.writes or not path.exists():
+                continue
+            lines = path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+            dropped += len(lines) - len(kept)
+            if len(kept) < len(lines):
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text("".join(kept))
+                os.replace(tmp, path)
+        return dropped
+
     def finish(self, summary: dict[str, Any]) -> None:
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})

@@ -1,12 +1,18 @@
 """Checkpoints: each policy's weights (HF format) plus optimiser, scheduler and RNG state.
 
-Layout: ``<run>/checkpoints/step_<N>/policies/<policy>/`` and ``<run>/checkpoints/step_<N>/state.pt``
-(LoRA policies store only their adapter; their frozen base stays in ``<run>/lora_base``).
-A checkpoint is written to a temporary directory and renamed, so a crash never leaves a partial one.
+Layout: ``<run>/checkpoints/step_<N>/policies/<policy>/``, ``<run>/checkpoints/step_<N>/state.pt`` and
+``manifest.json`` (the size and SHA-256 of every file). LoRA policies store only their adapter; their
+frozen base stays in ``<run>/lora_base``. A checkpoint is written to a temporary directory and renamed,
+so a crash never leaves a partial one; a resume (and ``marl eval load=<run>``) checks the newest
+checkpoint against its manifest and falls back to the newest intact one, with a warning naming the
+damaged ones.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import random
 import shutil
@@ -17,6 +23,9 @@ import torch
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -33,20 +42,57 @@ def save_checkpoint(run_dir: Path, step: int, policies: dict[str, Policy], train
         policy.save(tmp / "policies" / name)
     torch.save({"step": step, "trainers": trainer_states, "python_rng": rng.getstate(),
                 "torch_rng": torch.get_rng_state(), "extra": extra or {}}, tmp / "state.pt")
+    (tmp / MANIFEST).write_text(json.dumps(manifest(tmp), indent=1, sort_keys=True))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
 
 
+def manifest(directory: Path) -> dict[str, list]:
+    """``[size, sha256]`` of every file under ``directory`` (but the manifest), by relative path."""
+    out = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        out[str(path.relative_to(directory))] = [path.stat().st_size, digest.hexdigest()]
+    return out
+
+
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with ``checkpoint`` against its manifest (None: intact; a checkpoint written before
+    manifests existed is taken as intact)."""
+    path = checkpoint / MANIFEST
+    if not path.exists():
+        return None if (checkpoint / "state.pt").exists() else "no state.pt"
+    try:
+        expected = json.loads(path.read_text())
+    except ValueError:
+        return f"unreadable {MANIFEST}"
+    found = manifest(checkpoint)
+    for name, (size, digest) in expected.items():
+        if name not in found:
+            return f"{name} is missing"
+        if found[name] != [size, digest]:
+            return f"{name} differs from its manifest ({found[name][0]} of {size} bytes)"
+    return None
+
+
 def latest_checkpoint(run_dir: Path) -> Path:
-    """The newest complete checkpoint of ``run_dir``; a clear error when there is none."""
+    """The newest intact checkpoint of ``run_dir`` (damaged newer ones are skipped with a warning); a clear
+    error when there is none."""
     if not run_dir.is_dir():
         raise ConfigError(f"trainer.resume={run_dir}: no such run directory")
-    done = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "state.pt").exists()
-                  and not p.name.endswith(".tmp"))
+    done = sorted((p for p in (run_dir / "checkpoints").glob("step_*") if not p.name.endswith(".tmp")), reverse=True)
     if not done:
         raise ConfigError(f"trainer.resume={run_dir}: the run has no checkpoint under checkpoints/")
-    return done[-1]
+    for checkpoint in done:
+        problem = damage(checkpoint)
+        if problem is None:
+            return checkpoint
+        log.warning("checkpoint %s is damaged (%s); trying the one before it", checkpoint.name, problem)
+    raise ConfigError(f"trainer.resume={run_dir}: every checkpoint under checkpoints/ is damaged")
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:

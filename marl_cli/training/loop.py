@@ -232,6 +232,10 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.counters.update(state.get("extra", {}))
         self.start = self.step = self.acked = state["step"]
+        dropped = self.tracker.forget_after(self.start)
+        if dropped:
+            log.info("resume: dropped %d records of steps after %d from metrics.jsonl/samples.jsonl", dropped,
+                     self.start)
         if self.sub_only:  # a crash between the checkpoint and its acknowledgement leaves them unacknowledged
             self.exchange.acknowledge(range(1, self.start + 1))
 

@@ -39,8 +39,8 @@ def test_seed_repeats_share_one_overrides_dir(tmp_path):
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     out = cli("train", "-m", *QUICK, UNNAMED, "env=sudoku", "env.holes=99,4", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 2
-    assert "1 job(s) of the sweep failed (the others ran): env.holes=99,env=sudoku/seed=0: env.holes must be in [1, 12]" in (
-        out.stderr)
+    failed = "env.holes=99,env=sudoku/seed=0: env.holes must be in [1, 12]"
+    assert f"1 job(s) of the sweep failed (the others ran): {failed}" in out.stderr
     status = {p.parent.parent.name: json.loads(p.read_text())["status"] for p in tmp_path.rglob("summary.json")}
     assert status == {"env.holes=99,env=sudoku": "failed", "env.holes=4,env=sudoku": "completed"}
 
