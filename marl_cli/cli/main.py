@@ -9,9 +9,10 @@ COMMANDS = {
     "train": ("marl_cli.cli.train", "train agents with GRPO, AT-GRPO or M-GRPO (a Hydra app over conf/train.yaml)"),
     "eval": ("marl_cli.cli.eval", "evaluate a run, a checkpoint or a model on held-out tasks (conf/eval.yaml)"),
     "report": ("marl_cli.cli.report", "tabulate run dirs beside paper numbers (Markdown, CSV; --plot for curves)"),
+    "env": ("marl_cli.cli.env", "print versions, devices and tools (paste it into a bug report)"),
 }
 
-USAGE = "usage: marl <command> [hydra overrides and flags]\n\ncommands:\n" + "\n".join(
+USAGE = "usage: marl <command> [hydra overrides and flags] | marl --version\n\ncommands:\n" + "\n".join(
     f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()
 ) + "\n\nRun `marl <command> --help` for a command's config groups and options."
 
@@ -21,6 +22,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if args else 2)
+    if args[0] == "--version":
+        from marl_cli.provenance import git_sha, version
+
+        sha = git_sha()
+        print(f"marl {version()}" + (f" (git {sha})" if sha else ""))
+        sys.exit(0)
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         print(f"marl: error: unknown command {command!r}; choose from: {', '.join(COMMANDS)}", file=sys.stderr)

@@ -28,6 +28,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import sub_roles
 from marl_cli.policies.regime import Placement, build_policies, checkpoint_adapters, policy_dirs, resume_sources
 from marl_cli.policies.roles import assign_roles
+from marl_cli.provenance import run_provenance
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
@@ -261,7 +262,7 @@ class Trainer:
             "status": "running", "command": "train", "name": cfg.name, "run_dir": str(run.run_dir),
             "env": cfg.env.name, "workflow": cfg.workflow.name, "algorithm": cfg.algorithm.name,
             "regime": cfg.policy.name, "trainer_role": cfg.trainer.role, "steps": 0, "total_steps": cfg.trainer.steps,
-            "policies": {n: p.roles for n, p in run.policies.items()}}
+            "policies": {n: p.roles for n, p in run.policies.items()}, **run_provenance()}
         path = run.run_dir / "summary.json"
         if self.checkpoint is not None and path.exists():
             summary.update(json.loads(path.read_text()), status="running")

@@ -1,4 +1,6 @@
 from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty
+from marl_cli.provenance import version
+from tests.helpers import cli
 
 
 def test_overrides_skip_flags_and_their_values():
@@ -21,3 +23,13 @@ def test_a_refused_start_removes_only_a_run_dir_with_nothing_in_it(tmp_path):
 def test_config_dirs_are_read_from_either_flag_form(tmp_path):
     assert config_dirs_in(["-cd", str(tmp_path), "a=1", f"--config-dir={tmp_path / 'b'}"]) == [
         str(tmp_path), str(tmp_path / "b")]
+
+
+def test_version_and_env_name_what_runs():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith(f"marl {version()}")
+    env = cli("env")
+    assert env.returncode == 0
+    for key in ("marl:", "commit:", "torch:", "transformers:", "trl:", "cuda:", "bwrap:"):
+        assert key in env.stdout
+    assert cli("env", "extra").returncode == 2

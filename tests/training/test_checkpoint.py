@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.provenance import git_sha, version
 from marl_cli.training.checkpoint import MANIFEST, damage, latest_checkpoint
 from marl_cli.training.loop import train
 from tests.helpers import FAST, train_config
@@ -49,3 +50,9 @@ def test_no_intact_checkpoint_is_one_line(run):
         (checkpoint / "state.pt").unlink()
     with pytest.raises(ConfigError, match="every checkpoint under checkpoints/ is damaged"):
         latest_checkpoint(run)
+
+
+def test_the_summary_names_the_marl_version_and_commit(run):
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["marl_version"] == version()
+    assert summary["git_sha"] == git_sha()
