@@ -12,6 +12,7 @@ The action that uses the last of ``actions_per_episode`` ends the episode either
 from __future__ import annotations
 
 import random
+import re
 import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -27,6 +28,7 @@ MAX_ANSWER_CHARS = 300
 """Longer answers are not read (a format failure): they are not answers, and parsing them is slow."""
 _BOXES = ("\\boxed", "\\fbox")
 _MATH_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
+BARE_NUMBER = re.compile(r"[+-]?\d(?:[\d\s,.]*\d)?")
 
 
 def last_boxed(text: str) -> str | None:
@@ -66,10 +68,16 @@ def _timeout() -> int | None:
 
 @lru_cache(maxsize=8192)
 def parse_math(text: str) -> tuple[Any, ...]:
-    """Math-Verify's reading of ``text`` (bare answers are read as LaTeX math); empty when unreadable."""
+    """Math-Verify's reading of ``text``; empty when unreadable. A bare number (``1 000``, ``1,000``, ``-2.5``)
+    is read as text, so its separators stay separators (as LaTeX math ``1 000`` would be 1·0 and ``1,22`` a
+    set); other bare answers (``2\\sqrt{2}``, ``x^2+1``) are read as LaTeX math."""
     from math_verify import parse
 
     try:
+        if BARE_NUMBER.fullmatch(text.strip()):
+            found = parse(text, fallback_mode="no_fallback", parsing_timeout=_timeout())
+            if found:
+                return tuple(found)
         wrapped = text if any(d in text for d in _MATH_DELIMITERS) else f"${text}$"
         found = parse(wrapped, fallback_mode="no_fallback", parsing_timeout=_timeout())
         if not found:

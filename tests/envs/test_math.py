@@ -68,6 +68,13 @@ def test_extract_answer():
     assert last_boxed("no box") is None
 
 
+def test_bare_numbers_are_read_as_text_and_bare_latex_as_math():
+    assert not answers_match("0", "1 000") and answers_match("1000", "1 000")  # not 1·0
+    assert answers_match("1000", "1,000") and not answers_match("0", "1,22")  # not the set {1, 22}
+    assert answers_match("2\\sqrt{2}", "2\\sqrt{2}") and not answers_match("2", "2\\sqrt{2}")
+    assert answers_match("1000", "10^{3}") and answers_match("-3", "-3")
+
+
 def test_answers_match_is_symmetric_on_examples():
     assert answers_match("0.5", "1/2") and answers_match("1/2", "0.5")
     assert not answers_match("12", "13")
