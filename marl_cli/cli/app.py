@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -54,6 +55,29 @@ def config_dirs_in(args: list[str]) -> list[str]:
     return [str(Path(d).expanduser().resolve()) for d in dirs]
 
 
+LOADS_A_RUN = ("trainer.resume", "load")
+"""Overrides that continue or evaluate an earlier run: the run's own overrides apply unless given again."""
+
+
+def inherited_overrides(args: list[str]) -> list[str]:
+    """The overrides an earlier run was started with (its ``.hydra/overrides.yaml``) when ``args`` resume
+    (``trainer.resume=<run>``) or evaluate (``load=<run or checkpoint>``) it, but those ``args`` set again,
+    so the run continues with its own config (its experiment, env size, ...) without repeating it."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides_in(args)}
+    for override in overrides_in(args):
+        key, _, value = override.partition("=")
+        if key.lstrip("+") not in LOADS_A_RUN or not value:
+            continue
+        path = Path(value).expanduser()
+        run = path.parents[1] if path.parent.name == "checkpoints" else path
+        saved = run / ".hydra" / "overrides.yaml"
+        if not saved.exists():
+            return []
+        return [o for o in yaml.safe_load(saved.read_text()) or []
+                if o.split("=", 1)[0].lstrip("+~") not in given | set(LOADS_A_RUN) and not o.startswith("hydra")]
+    return []
+
+
 def fail(command: str, message: str) -> None:
     print(f"marl {command}: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -64,6 +88,7 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
     try:
         register_configs()
         if not INFO_FLAGS.intersection(args):
+            args = [*inherited_overrides(args), *args]
             check_overrides(config_name, overrides_in(args), config_dirs_in(args))
     except ConfigError as exc:
         fail(command, str(exc))

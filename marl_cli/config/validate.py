@@ -240,3 +240,31 @@ def check_overrides(config_name: str, overrides: list[str], search_dirs: list[st
             raise
         except Exception as exc:
             raise ConfigError(describe(exc)) from exc
+
+
+IDENTITY = ("model", "env", "workflow", "algorithm", "policy", "seed")
+"""What a run is: a resume may change anything else (steps, logging, learning rate, ...), not these."""
+
+
+def _differences(saved: Any, now: Any, path: str) -> Iterator[str]:
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in sorted(set(saved) | set(now)):
+            yield from _differences(saved.get(key), now.get(key), f"{path}.{key}")
+    elif saved != now:
+        yield f"{path} ({saved!r} -> {now!r})"
+
+
+def check_resume(cfg: DictConfig, run_dir: Path) -> None:
+    """A resumed run keeps what it is: refuse (one line, naming the keys) a config whose model, env (but its
+    eval size), workflow, algorithm, policy or seed differ from the run's saved ``.hydra/config.yaml``."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.exists():
+        return
+    saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    now = OmegaConf.to_container(cfg, resolve=False)
+    changed = [d for key in IDENTITY for d in _differences(saved.get(key), now.get(key), key)
+               if not d.startswith("env.eval_size ")]
+    if changed:
+        raise ConfigError(f"trainer.resume={run_dir}: the run was trained with other settings; changed: "
+                          f"{', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''} (drop these overrides, "
+                          "or start a new run with trainer.init_from=<checkpoint>)")

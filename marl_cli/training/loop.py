@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.validate import sub_roles
+from marl_cli.config.validate import check_resume, sub_roles
 from marl_cli.policies.regime import Placement, build_policies, checkpoint_adapters, policy_dirs, resume_sources
 from marl_cli.policies.roles import assign_roles
 from marl_cli.provenance import run_provenance
@@ -279,6 +279,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     checkpoint = None
     if cfg.trainer.resume:
         run_dir = Path(cfg.trainer.resume).resolve()
+        check_resume(cfg, run_dir)
         checkpoint = latest_checkpoint(run_dir)
     subs = sub_roles(cfg, assign_roles(cfg.policy, list(cfg.workflow.roles)))
     run = build_run(cfg, run_dir, policy_loader(cfg, run_dir, checkpoint),

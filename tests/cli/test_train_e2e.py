@@ -75,6 +75,23 @@ def test_resume_continues_from_last_checkpoint(run_dir, tmp_path):
     assert (run_dir / "checkpoints" / "step_000003" / "state.pt").exists()
 
 
+def test_resume_and_eval_take_the_runs_own_config(tmp_path):
+    run = tmp_path / "run"
+    first = cli("train", *FAST, "trainer.steps=1", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = cli("train", f"trainer.resume={run}", "trainer.steps=2", f"hydra.run.dir={tmp_path / 'r2'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]  # FAST's env size and tiny model, not the defaults
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    evaluated = cli("eval", f"load={run}", f"hydra.run.dir={tmp_path / 'ev'}")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads((tmp_path / "ev" / "summary.json").read_text())["eval/tasks"] == 6  # FAST's env.eval_size
+    changed = cli("train", f"trainer.resume={run}", "trainer.steps=3", "env.size=5", "seed=3",
+                  f"hydra.run.dir={tmp_path / 'r3'}")
+    assert changed.returncode == 2
+    assert "the run was trained with other settings; changed: env.size (4 -> 5), seed (0 -> 3)" in changed.stderr
+    assert len(changed.stderr.strip().splitlines()) == 1
+
+
 def test_resume_without_checkpoint_fails_cleanly(tmp_path):
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[*FAST, f"trainer.resume={tmp_path}"])
