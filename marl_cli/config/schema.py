@@ -375,7 +375,9 @@ class LoggerConfig:
     project: str = "marl"
     entity: str | None = None
     mode: LoggerMode = LoggerMode.auto  # auto: online when credentials exist, else offline; or online | offline
-    tags: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # the experiment's name is added
+    run_name: str | None = None  # default: <name>/<job dir> (a sweep job: its overrides and seed)
+    group: str | None = None  # default: <name>/<overrides dir> (a sweep's seed repeats share one group)
 
 
 @dataclass

@@ -53,6 +53,16 @@ def wandb_mode(requested: str) -> str:
     return "online" if netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore") else "offline"
 
 
+def wandb_identity(run_dir: Path, name: str, logger_cfg: Any, job_type: str) -> dict[str, Any]:
+    """The W&B run's name, group, job type and tags: a sweep job (``.../<overrides>/seed=<n>``) is named by
+    its overrides and seed and grouped with its seed repeats; ``logger.run_name``/``logger.group`` win."""
+    job = f"{run_dir.parent.name}/{run_dir.name}" if run_dir.name.startswith("seed=") else run_dir.name
+    setup = run_dir.parent.name if run_dir.name.startswith("seed=") else None
+    return {"name": logger_cfg.get("run_name") or f"{name}/{job}",
+            "group": logger_cfg.get("group") or (f"{name}/{setup}" if setup else name),
+            "job_type": job_type, "tags": list(dict.fromkeys([*logger_cfg.tags, name]))}
+
+
 class Tracker:
     """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors it to W&B.
 
@@ -60,11 +70,12 @@ class Tracker:
         run_dir: the run directory.
         logger_cfg: the ``logger`` config (``name`` is ``wandb`` or ``none``).
         config: the resolved run config, stored with the W&B run (secret values redacted).
-        run_name: the W&B run name.
+        job_type: the W&B job type (``train`` or ``eval``).
         writes: False on the processes of a multi-process run other than rank 0: they log nothing.
     """
 
-    def __init__(self, run_dir: Path, logger_cfg: Any, config: dict[str, Any], run_name: str, writes: bool = True):
+    def __init__(self, run_dir: Path, logger_cfg: Any, config: dict[str, Any], job_type: str = "train",
+                 writes: bool = True):
         self.path = run_dir / "metrics.jsonl"
         self.wandb = None
         self.writes = writes
@@ -72,10 +83,10 @@ class Tracker:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self.wandb = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=run_name,
-                                    dir=str(run_dir), config=redacted(config), mode=wandb_mode(logger_cfg.mode),
-                                    tags=list(logger_cfg.tags), resume="allow",
-                                    id=_wandb_id(run_dir))
+            self.wandb = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, dir=str(run_dir),
+                                    config=redacted(config), mode=wandb_mode(logger_cfg.mode), resume="allow",
+                                    id=_wandb_id(run_dir),
+                                    **wandb_identity(run_dir, config.get("name", "marl"), logger_cfg, job_type))
         elif logger_cfg.name != "none":
             raise ConfigError(f"logger.name={logger_cfg.name!r} is unknown; choose from: wandb, none")
 

@@ -121,7 +121,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     policies = run.policies
     summary["policies"] = {n: p.roles for n, p in policies.items()}
     write_json(run_dir / "summary.json", summary)
-    tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), f"{cfg.name}-eval-{run_dir.name}")
+    tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "eval")
     try:
         metrics = evaluate(run, "eval", cfg.eval.samples, pass_k)
         tracker.log(0, metrics)

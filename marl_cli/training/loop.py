@@ -105,8 +105,8 @@ class Trainer:
         self.hooks: list[Hook] = [LogHook(), EvalHook(),
                                   CheckpointHook(cfg.trainer.save_every or (1 if self.sub_only else 0))]
         self.summary = self._summary()
-        self.tracker = Tracker(run.run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
-                               f"{cfg.name}-{run.run_dir.name}", writes=run.world.main)
+        self.tracker = Tracker(run.run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "train",
+                               writes=run.world.main)
 
     def fit(self) -> dict[str, Any]:
         """Prepare, train ``trainer.steps`` steps (from the checkpoint's on resume), finish; return the summary."""

@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.tracking.tracker import Tracker, wandb_mode, write_json
+from marl_cli.tracking.tracker import Tracker, wandb_identity, wandb_mode, write_json
 
 
 def test_metrics_jsonl_appends_one_object_per_log(tmp_path):
@@ -46,3 +46,16 @@ def test_secrets_never_reach_the_wandb_config():
               "list": [{"token": "t"}], "empty": {"password": ""}}
     assert redacted(config) == {"env": {"web": {"api_key": "***", "url": "u"}}, "store": {"password": "***", "port": 1},
                                 "list": [{"token": "***"}], "empty": {"password": ""}}
+
+
+def test_wandb_names_a_sweep_job_by_its_overrides_and_groups_its_seeds(tmp_path):
+    logger = OmegaConf.create({"name": "wandb", "tags": ["paper"], "run_name": None, "group": None})
+    job = tmp_path / "multirun" / "toy" / "2026-11-23_10-00-00" / "trainer.learning_rate=0.0001" / "seed=2"
+    assert wandb_identity(job, "toy", logger, "train") == {
+        "name": "toy/trainer.learning_rate=0.0001/seed=2", "group": "toy/trainer.learning_rate=0.0001",
+        "job_type": "train", "tags": ["paper", "toy"]}
+    single = wandb_identity(tmp_path / "outputs" / "toy" / "2026-11-23_10-00-00", "toy", logger, "eval")
+    assert (single["name"], single["group"], single["job_type"]) == ("toy/2026-11-23_10-00-00", "toy", "eval")
+    chosen = OmegaConf.create({"name": "wandb", "tags": [], "run_name": "mine", "group": "g"})
+    assert wandb_identity(job, "toy", chosen, "train")["name"] == "mine"
+    assert wandb_identity(job, "toy", chosen, "train")["group"] == "g"
