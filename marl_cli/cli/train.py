@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -17,5 +19,13 @@ def train_app(cfg: DictConfig) -> float | None:
     return run_job("train", train, cfg)
 
 
+FIRST_RUN = "experiment=embedded"
+"""What plain ``marl train`` runs: the README's first run, which learns on a laptop CPU."""
+
+
 def run(args: list[str]) -> None:
+    if not args:
+        print(f"marl train: no overrides given, running {FIRST_RUN} (marl train --help lists the config groups)",
+              file=sys.stderr)
+        args = [FIRST_RUN]
     run_app("train", "train", train_app, args)

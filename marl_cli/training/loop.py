@@ -277,6 +277,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     ``build_run`` checks the config (``check_config``) before any file or model is made.
     """
     checkpoint = None
+    if not (cfg.model.name_or_path or cfg.trainer.warmstart.enabled or cfg.trainer.init_from or cfg.trainer.resume):
+        log.warning("the model is the untrained tiny model and trainer.warmstart.enabled=false: it cannot write "
+                    "the answer format, so RL has nothing to reinforce (experiment=embedded is a run that learns)")
     if cfg.trainer.resume:
         run_dir = Path(cfg.trainer.resume).resolve()
         check_resume(cfg, run_dir)

@@ -1,3 +1,4 @@
+from marl_cli.cli import train as train_cli
 from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty
 from marl_cli.provenance import version
 from tests.helpers import cli
@@ -33,3 +34,13 @@ def test_version_and_env_name_what_runs():
     for key in ("marl:", "commit:", "torch:", "transformers:", "trl:", "cuda:", "bwrap:"):
         assert key in env.stdout
     assert cli("env", "extra").returncode == 2
+
+
+def test_plain_marl_train_runs_the_first_run_that_learns(monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(train_cli, "run_app", lambda command, name, app, args: started.append(args))
+    train_cli.run([])
+    assert started == [["experiment=embedded"]]
+    assert "no overrides given, running experiment=embedded" in capsys.readouterr().err
+    train_cli.run(["env=sudoku"])
+    assert started[-1] == ["env=sudoku"]
