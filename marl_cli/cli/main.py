@@ -32,4 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         print(f"marl: error: unknown command {command!r}; choose from: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
-    importlib.import_module(COMMANDS[command][0]).run(rest)
+    try:
+        importlib.import_module(COMMANDS[command][0]).run(rest)
+    except KeyboardInterrupt:  # a run stopped by SIGINT/SIGTERM has saved what it could and said so
+        print(f"marl {command}: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -487,6 +487,12 @@ def job_dir(overrides: str, seed: int, max_chars: int = 120) -> str:
     return f"{name}/seed={seed}"
 
 
+def required(what: str) -> None:
+    """``${marl_required:<what>}``: a value a config group needs from the command line (e.g. ``model=hf``'s
+    ``model.name_or_path``); reading it unset is an error naming what to give."""
+    raise ValueError(f"must be given: {what}")
+
+
 def register_configs() -> None:
     """Register the root schemas, each group's generic schema, every plug-in's schema and the job-dir resolver.
 
@@ -500,6 +506,7 @@ def register_configs() -> None:
 
     load_plugins()
     OmegaConf.register_new_resolver("marl_job_dir", job_dir, replace=True)
+    OmegaConf.register_new_resolver("marl_required", required, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainSchema)
     cs.store(name="eval_schema", node=EvalSchema)

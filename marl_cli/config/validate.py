@@ -85,7 +85,7 @@ def describe(exc: BaseException) -> str:
                 valid = _keys_of(getattr(err, "object_type", None))
                 hint = f"; valid keys: {', '.join(valid)}" if valid else ""
                 return f"{err.full_key}: no such key{hint}"
-            return f"{err.full_key}: {err.msg.splitlines()[0]}"
+            return f"{err.full_key}: {err.msg.splitlines()[0].split('raised while resolving interpolation: ')[-1]}"
     return " ".join(str(exc).replace("\t", " ").split())
 
 
@@ -151,6 +151,10 @@ def check_run(cfg: DictConfig) -> None:
     for key, device in [("device", cfg.device), *(("policy.devices", d) for d in cfg.policy.devices)]:
         if not DEVICE.fullmatch(device):
             raise ConfigError(f"{key}: {device!r} is not a device; choose from auto, cpu, mps, cuda, cuda:<index>")
+    source = cfg.model.name_or_path
+    local = source and (source.startswith(("/", ".", "~")) or source.count("/") > 1)  # hub ids: name, org/name
+    if local and not Path(source).expanduser().exists():
+        raise ConfigError(f"model.name_or_path={source}: no such directory (a hub id looks like org/name)")
     if cfg.policy.devices and uses_adapters(cfg.policy):
         raise ConfigError(f"policy.devices places full-model policies; policy={cfg.policy.name} serves every role "
                           "from one base model")

@@ -45,13 +45,23 @@ def load_model(source: str, dtype: str, device: torch.device) -> PreTrainedModel
     """A causal LM from a local dir or hub id."""
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype={dtype!r} is not supported; choose from: {', '.join(DTYPES)}")
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load a model from {source}: {_first_line(exc)}") from exc
     return model.to(device)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     """A tokenizer padded on the left (for batched generation) with a pad token."""
-    tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load a tokenizer from {source}: {_first_line(exc)}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -35,6 +35,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} but no CUDA device is visible; use device=cpu or device=auto")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device='mps' but this machine has no MPS (Apple GPU) device; use device=cpu or device=auto")
     return torch.device(name)
 
 

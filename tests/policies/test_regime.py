@@ -2,13 +2,17 @@
 
 import random
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
+from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig, PolicyConfig, TrainerConfig
+from marl_cli.policies.loading import load_model
 from marl_cli.policies.regime import attach_adapters, build_policies
 from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.samples import Sample
+from marl_cli.training.build import resolve_device
 from marl_cli.training.policy_trainer import PolicyTrainer
 from tests.policies.test_tiny import SMALL
 
@@ -88,3 +92,12 @@ def test_lora_adapters_round_trip_through_a_checkpoint(tmp_path):
     restored = attach_adapters(again[LORA_BASE], role_map, cfg, tmp_path,
                                {n: str(tmp_path / "ckpt" / n) for n in policies})
     assert not _changed(expected, restored["tool"].model)
+
+
+def test_a_model_that_cannot_be_loaded_is_one_line():
+    with pytest.raises(ConfigError, match=r"^cannot load a model from nosuchorg/nosuchmodel: ") as err:
+        load_model("nosuchorg/nosuchmodel", "float32", torch.device("cpu"))  # tests run with HF_HUB_OFFLINE=1
+    assert "\n" not in str(err.value)
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ConfigError, match="device='mps' but this machine has no MPS"):
+            resolve_device("mps")
