@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm clean
+.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench: $(STAMP)
 
 bench-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_VENV)/bin/python bench/run.py --backends --out bench/report_vllm.json
+
+bad-input: $(STAMP)
+	$(BIN)/python bench/bad_input.py
 
 clean:
 	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache

@@ -173,6 +173,8 @@ def check_run(cfg: DictConfig) -> None:
         where = OmegaConf.select(cfg, key)
         if where and not Path(where).is_dir():
             raise ConfigError(f"{key}={where}: no such directory")
+    if OmegaConf.select(cfg, "trainer.resume"):
+        check_resume(cfg, Path(cfg.trainer.resume).resolve())
     if "eval" in cfg:
         _check_eval(cfg)
     _check_processes(cfg, launched_world_size())

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.validate import check_resume, sub_roles
+from marl_cli.config.validate import sub_roles
 from marl_cli.policies.regime import Placement, build_policies, checkpoint_adapters, policy_dirs, resume_sources
 from marl_cli.policies.roles import assign_roles
 from marl_cli.provenance import run_provenance
@@ -282,7 +282,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     "the answer format, so RL has nothing to reinforce (experiment=embedded is a run that learns)")
     if cfg.trainer.resume:
         run_dir = Path(cfg.trainer.resume).resolve()
-        check_resume(cfg, run_dir)
         checkpoint = latest_checkpoint(run_dir)
     subs = sub_roles(cfg, assign_roles(cfg.policy, list(cfg.workflow.roles)))
     run = build_run(cfg, run_dir, policy_loader(cfg, run_dir, checkpoint),

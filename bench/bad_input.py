@@ -1,0 +1,135 @@
+"""The bad-input table: every case of a config typo, wrong value, missing file, damaged checkpoint or bad
+sweep value, run through ``marl`` as a user would (one process each), with what it answered.
+
+    python bench/bad_input.py            # prints the Markdown table; exit 1 when a case breaks its contract
+
+Contract: a refused start exits 2 with one line on stderr (``marl <command>: error: ...``) and leaves no
+run dir; a damaged newest checkpoint is skipped with a one-line warning and the resume completes; a sweep
+checks every value before its first job, and a job that fails later does not stop the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+SMALL = ["trainer.warmstart.enabled=false", "env.size=4", "env.eval_size=4", "rollout.tasks_per_step=2",
+         "algorithm.num_generations=2", "rollout.max_new_tokens=8", "model.tiny.hidden_size=32",
+         "model.tiny.intermediate_size=64", "model.tiny.num_hidden_layers=1", "model.tiny.num_attention_heads=2",
+         "model.tiny.num_key_value_heads=1", "model.tiny.head_dim=16", "trainer.eval_every=0", "logger=none",
+         "progress=false"]
+
+
+@dataclass
+class Case:
+    """One bad input: the ``marl`` arguments and what the answer must show."""
+
+    name: str
+    args: list[str]
+    code: int = 2
+    expect: str = "error:"
+    check: Callable[[Path], str | None] | None = None  # extra contract on the work dir; a failure message
+
+
+def marl(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "marl_cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=600)
+    return out, time.perf_counter() - start
+
+
+def files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def cases(work: Path) -> list[Case]:
+    run = work / "run"
+
+    def other_job_ran(_: Path) -> str | None:
+        done = [json.loads(p.read_text())["status"] for p in (work / "sweep").rglob("summary.json")]
+        return None if sorted(done) == ["completed", "failed"] else f"job statuses {done}"
+
+    def resumed(_: Path) -> str | None:
+        summary = json.loads((run / "summary.json").read_text())
+        return None if summary["status"] == "completed" and summary["steps"] == 2 else f"summary {summary}"
+
+    return [
+        Case("unknown key `+trainer.some_typo=1`", ["train", "+trainer.some_typo=1"]),
+        Case("option typo `env=plan_pth`", ["train", "env=plan_pth"]),
+        Case("`rollout.max_new_tokens=0`", ["train", "rollout.max_new_tokens=0"]),
+        Case("`trainer.learning_rate=-1`", ["train", "trainer.learning_rate=-1"]),
+        Case("`trainer.log_every=0`", ["train", "trainer.log_every=0"]),
+        Case("`trainer.save_every=-1`", ["train", "trainer.save_every=-1"]),
+        Case("`trainer.eval_every=-1`", ["train", "trainer.eval_every=-1"]),
+        Case("wrong type `trainer.steps=abc`", ["train", "trainer.steps=abc"]),
+        Case("`model=hf` without `model.name_or_path`", ["train", "model=hf"]),
+        Case("`model.name_or_path=/missing/dir`", ["train", "model=hf", "model.name_or_path=/missing/dir"]),
+        Case("offline hub id `nosuchorg/nosuchmodel`",
+             ["train", "model=hf", "model.name_or_path=nosuchorg/nosuchmodel"]),
+        Case("`device=mps` without MPS", ["train", "device=mps"]),
+        Case("`trainer.resume=/no/such/run`", ["train", "trainer.resume=/no/such/run"]),
+        Case("`marl eval load=/no/such/run`", ["eval", "load=/no/such/run"]),
+        Case("sweep value `rollout.tasks_per_step=2,-1,3`", ["train", "-m", "rollout.tasks_per_step=2,-1,3"]),
+        Case("sweep job failing late `env.holes=99,4`", ["train", "-m", *SMALL, "trainer.steps=0", "env=sudoku",
+                                                         "env.holes=99,4", f"hydra.sweep.dir={work / 'sweep'}"],
+             expect="1 job(s) of the sweep failed (the others ran)", check=other_job_ran),
+        Case("resume changing the env `env.size=5`", ["train", f"trainer.resume={run}", "env.size=5"],
+             expect="the run was trained with other settings; changed: env.size (4 -> 5)"),
+        Case("truncated newest checkpoint on resume", ["train", f"trainer.resume={run}", "trainer.steps=2",
+                                                       f"hydra.run.dir={work / 'resume'}"],
+             code=0, expect="checkpoint step_000002 is damaged", check=resumed),
+    ]
+
+
+def main() -> int:
+    rows, broken = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        out, _ = marl(["train", *SMALL, "trainer.steps=2", "trainer.save_every=1", f"hydra.run.dir={work / 'run'}"],
+                      work)
+        if out.returncode != 0:
+            print(out.stderr[-3000:], file=sys.stderr)
+            return 1
+        truncate(work / "run" / "checkpoints" / "step_000002" / "state.pt")
+        for case in cases(work):
+            before = files(work / "outputs")
+            out, seconds = marl(case.args, work)
+            said = out.stdout + out.stderr
+            stderr = [line for line in out.stderr.splitlines() if line.strip()]
+            errors = [line for line in stderr if line.startswith("marl ") and ": error:" in line]
+            shown = next((line for line in [*errors, *said.splitlines()] if case.expect in line),
+                         stderr[-1] if stderr else "")
+            problems = []
+            if out.returncode != case.code:
+                problems.append(f"exit {out.returncode}, expected {case.code}")
+            if case.expect not in said:
+                problems.append(f"no '{case.expect}'")
+            if case.code == 2 and len(errors) != 1:
+                problems.append(f"{len(errors)} error lines")
+            if case.code == 2 and case.check is None and files(work / "outputs") != before:
+                problems.append("left a run dir")
+            if case.check is not None and (message := case.check(work)):
+                problems.append(message)
+            broken += bool(problems)
+            rows.append(f"| {case.name} | {out.returncode} | {len(errors) or '-'} | {seconds:.1f} s | "
+                        f"`{shown.strip()[:150]}` | {'; '.join(problems) or 'ok'} |")
+    print("| case | exit | error lines | time | message | contract |\n|---|---:|---:|---:|---|---|")
+    print("\n".join(rows))
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
