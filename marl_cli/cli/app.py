@@ -27,6 +27,8 @@ VALUE_FLAGS = {"-p", "--package", "-cp", "--config-path", "-cn", "--config-name"
                "--experimental-rerun"}
 """Flags of a run whose next argument is their value, not an override."""
 MULTIRUN_FLAGS = {"-m", "--multirun"}
+HELP_FLAGS = {"-h", "--help"}
+"""marl's own help (groups with what they are for); ``--hydra-help`` is Hydra's."""
 FAILED_JOBS: list[tuple[str, str]] = []
 """(job dir, error) of the sweep's failed jobs in this process."""
 
@@ -85,6 +87,11 @@ def fail(command: str, message: str) -> None:
 
 def run_app(command: str, config_name: str, hydra_main: Callable[[], object], args: list[str]) -> None:
     """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``."""
+    if HELP_FLAGS.intersection(args):
+        from marl_cli.cli.help import help_text
+
+        print(help_text(command))
+        sys.exit(0)
     try:
         register_configs()
         if not INFO_FLAGS.intersection(args):

@@ -159,3 +159,5 @@ def test_cli_help_lists_commands_and_groups():
     assert app.returncode == 0
     for group in ("env", "workflow", "algorithm", "policy", "model", "rollout", "trainer", "logger", "experiment"):
         assert f"{group}:" in app.stdout
+    assert "base_" not in app.stdout  # schemas are not options
+    assert "the task family" in app.stdout and "toy/table/{budget," in app.stdout

@@ -1,0 +1,61 @@
+"""``marl train --help`` / ``marl eval --help``: what each config group is for and its options (the files
+under ``conf/``, without the schema entries Hydra would also list), with the commands to see more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marl_cli.config.paths import config_dir
+
+GROUPS = {
+    "env": "the task family",
+    "workflow": "the agents and their turn order",
+    "algorithm": "how advantages are computed (GRPO, AT-GRPO, M-GRPO)",
+    "policy": "which model acts for which role (one shared, one per role, a LoRA adapter per role)",
+    "model": "the model every policy starts from (the local tiny model, or a hub/local one)",
+    "rollout": "the generation backend (transformers generate, or vLLM)",
+    "trainer": "the update: learning rate, loss, mini-batches, warm start, checkpoints",
+    "logger": "where metrics go besides metrics.jsonl",
+    "store": "the decoupled M-GRPO trainers' exchange",
+    "dry_run": "swap in the tiny model (and embedded data) to check a paper experiment on a CPU",
+    "hparams_search": "an Optuna search (with -m)",
+    "hydra/launcher": "where -m jobs run: side by side on this machine, or on SLURM",
+}
+
+
+def options(group: str, root: Path) -> list[str]:
+    """The options of ``group``: its yaml files, without the ``base_*`` schemas."""
+    return sorted(p.stem for p in (root / group).glob("*.yaml") if not p.stem.startswith("base_"))
+
+
+def experiments(root: Path) -> list[str]:
+    """One line per kind of experiment dir: dirs holding the same files are folded into one, their
+    differing path parts written as ``{a,b}`` (the paper table: ``paper/at_grpo/{models}/{benchmarks}/``)."""
+    base = root / "experiment"
+    by_files: dict[tuple[int, tuple[str, ...]], list[tuple[str, ...]]] = {}
+    for folder in sorted({p.parent for p in base.rglob("*.yaml")}):
+        names = tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+        parts = folder.relative_to(base).parts
+        by_files.setdefault((len(parts), names), []).append(parts)
+    lines = []
+    for (_, names), folders in sorted(by_files.items(), key=lambda item: item[1][0]):
+        columns = [sorted(set(column)) for column in zip(*folders, strict=True)]
+        prefix = "/".join(c[0] if len(c) == 1 else "{" + ",".join(c) + "}" for c in columns)
+        lines.append(f"{prefix + '/' if prefix else ''}{{{','.join(names)}}}" if len(names) > 1
+                     else f"{prefix + '/' if prefix else ''}{names[0]}")
+    return lines
+
+
+def help_text(command: str) -> str:
+    root = config_dir()
+    lines = [f"usage: marl {command} [group=option ...] [key=value ...] [-m] [--cfg job]", "",
+             "Config groups (group=option; the defaults are in conf/groups.yaml):"]
+    for group, what in GROUPS.items():
+        lines.append(f"  {group + ':':<16}{what}")
+        lines.append(f"  {'':<16}{', '.join(options(group, root))}")
+    lines += [f"  {'experiment:':<16}a whole run pinned in one file (# @package _global_)",
+              *(f"  {'':<16}{entry}" for entry in experiments(root)), "",
+              f"marl {command} experiment=embedded --cfg job   print the composed config (every key and its value)",
+              f"marl {command} --hydra-help                     Hydra's own flags",
+              "README.md, section 'Config groups': what each option does"]
+    return "\n".join(lines)
