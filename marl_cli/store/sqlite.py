@@ -32,6 +32,10 @@ _SCHEMA = (
 )
 
 
+class StoreGoneError(RuntimeError):
+    """The store's database file is no longer the one this process opened."""
+
+
 class SQLiteStore(Store):
     """A store in the SQLite database file ``path`` (created with its parent directories if missing).
 
@@ -53,17 +57,33 @@ class SQLiteStore(Store):
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA journal_mode=WAL")  # creates the file
+            self._identity = self._file_identity()
             with self._write() as conn:
                 for statement in _SCHEMA:
                     conn.execute(statement)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"store.path={str(path)!r}: cannot open the SQLite store ({exc})") from exc
 
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_dev, stat.st_ino
+
+    def _check_file(self) -> None:
+        """Stop when the database file was deleted or replaced under the open connection: writes would go to
+        a file no other process sees (SQLite keeps writing to the unlinked inode)."""
+        if self._file_identity() != self._identity:
+            raise StoreGoneError(f"the SQLite store {self.path} was deleted or replaced while this run used it; "
+                                 "what was acknowledged before is in the checkpoints, restart both trainers")
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, locked from its start so that concurrent writers queue, never deadlock."""
         with self._lock:
+            self._check_file()
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -74,6 +94,7 @@ class SQLiteStore(Store):
 
     def _query(self, sql: str, params: tuple) -> list[tuple]:
         with self._lock:
+            self._check_file()
             return self._conn.execute(sql, params).fetchall()
 
     def put_many(self, stream: str, items: dict[str, dict], record: tuple[str, dict] | None = None) -> int:

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import StoreConfig
 from marl_cli.store import Store, build_store
+from marl_cli.store.sqlite import SQLiteStore, StoreGoneError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -385,3 +386,19 @@ def test_redis_with_a_password(tmp_path):
             with pytest.raises(ConfigError, match="store.password") as info:
                 build_store(OmegaConf.structured(StoreConfig(**cfg, password=password)))
             assert "\n" not in str(info.value)
+
+
+def test_a_deleted_or_replaced_sqlite_file_stops_the_store(tmp_path):
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path, "run")
+    store.put_many("s", {"a": {"v": 1}})
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    with pytest.raises(StoreGoneError, match="was deleted or replaced while this run used it"):
+        store.put_many("s", {"b": {"v": 2}})
+    with pytest.raises(StoreGoneError):
+        store.count("s")
+    other = SQLiteStore(path, "run")  # a new file at the same path is not the one the first store wrote to
+    assert other.count("s") == 0
+    with pytest.raises(StoreGoneError):
+        store.read("s", "reader")
