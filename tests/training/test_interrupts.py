@@ -73,3 +73,11 @@ def test_a_second_signal_stops_at_once_and_saves_nothing_of_the_step(tmp_path, m
         train(train_config(*RUN, "trainer.save_every=1"), run)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
     assert "interrupted during step 2: not saved" in (run / "train.log").read_text()
+
+
+def test_the_same_seed_twice_gives_the_same_metrics(tmp_path, uninterrupted):
+    again = tmp_path / "again"
+    train(train_config(*RUN), again)
+    assert _metrics(again) == _metrics(uninterrupted)  # exactly, on CPU
+    for key, value in _weights(uninterrupted, 3).items():
+        assert torch.equal(_weights(again, 3)[key], value)
