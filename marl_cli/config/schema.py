@@ -286,6 +286,8 @@ class ModelConfig:
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: DType = DType.float32
     use_chat_template: bool = True  # wrap prompts as a user turn when the tokenizer has a chat template
+    system_prompts: dict[str, str] = field(default_factory=dict)  # role -> system message (chat template only)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} (Qwen3)
 
 
 @dataclass

@@ -167,6 +167,9 @@ def check_run(cfg: DictConfig) -> None:
     if unknown:
         raise ConfigError(f"trainer.frozen_roles names roles {unknown} that the workflow lacks; roles: {roles}")
     sub_roles(cfg, role_map)
+    unknown = sorted(set(cfg.model.system_prompts) - set(roles))
+    if unknown:
+        raise ConfigError(f"model.system_prompts names roles {unknown} that the workflow lacks; roles: {roles}")
     if cfg.trainer.init_from and uses_adapters(cfg.policy):
         raise ConfigError("trainer.init_from starts full-model policies; policy=lora_per_role keeps only adapters")
     for key in ("trainer.resume", "trainer.init_from"):

@@ -67,9 +67,12 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, use_chat_template: bool) -> str:
-    """``text`` as a user turn when the tokenizer has a chat template and it is wanted, else as is."""
+def format_prompt(tokenizer: PreTrainedTokenizerBase, text: str, use_chat_template: bool, system: str | None = None,
+                  template_kwargs: dict[str, Any] | None = None) -> str:
+    """``text`` as a user turn (after the ``system`` message, if any) when the tokenizer has a chat template and
+    it is wanted, else as is; ``template_kwargs`` go to the template (Qwen3: ``enable_thinking``)."""
     if use_chat_template and tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
+        messages = [{"role": "system", "content": system}] if system else []
+        return tokenizer.apply_chat_template([*messages, {"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True, **(template_kwargs or {}))
     return text

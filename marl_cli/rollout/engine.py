@@ -127,15 +127,16 @@ def _generate_stage(workflow: Workflow, policies: dict[str, Policy], role_map: d
                     live: list[Episode], candidates: int, sampling: Sampling,
                     generator: HFGenerator) -> dict[str, dict[tuple[int, int], list[Generation]]]:
     """Generate for every role of the stage that is acting, one batched call per policy; results by role and episode."""
-    by_policy: dict[str, list[tuple[str, Episode]]] = defaultdict(list)
-    for role in stage:
+    by_policy: dict[tuple[str, str | None], list[tuple[str, Episode]]] = defaultdict(list)
+    for role in stage:  # roles of one policy share a call unless their system messages differ
         for ep in live:
             if workflow.acting(role, ep.state):
-                by_policy[role_map[role]].extend([(role, ep)] * candidates)
+                by_policy[role_map[role], sampling.system_prompts.get(role)].extend([(role, ep)] * candidates)
     out: dict[str, dict[tuple[int, int], list[Generation]]] = {role: defaultdict(list) for role in stage}
-    for name, items in by_policy.items():
+    for (name, _), items in by_policy.items():
         prompts = [workflow.prompt(role, ep.state) for role, ep in items]
-        for (role, ep), gen in zip(items, generator.generate(policies[name], prompts, sampling), strict=True):
+        gens = generator.generate(policies[name], prompts, sampling.for_role(items[0][0]))
+        for (role, ep), gen in zip(items, gens, strict=True):
             out[role][ep.task, ep.branch].append(gen)
     return out
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -34,6 +35,13 @@ class Sampling:
     max_prompt_length: int = 1024
     batch_size: int = 256
     use_chat_template: bool = True
+    system_prompts: dict[str, str] = field(default_factory=dict)  # role -> system message
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    system_prompt: str | None = None  # of the role being generated for (``for_role``)
+
+    def for_role(self, role: str) -> Sampling:
+        """These settings with ``role``'s system message."""
+        return replace(self, system_prompt=self.system_prompts.get(role))
 
 
 @dataclass
@@ -93,7 +101,8 @@ def end_token_ids(policy: Policy) -> list[int]:
 
 def encode_prompts(policy: Policy, prompts: list[str], sampling: Sampling) -> tuple[list[list[int]], list[bool]]:
     """Token ids of each prompt as the model sees it (chat template applied), cut on the left to the limit."""
-    texts = [format_prompt(policy.tokenizer, p, sampling.use_chat_template) for p in prompts]
+    texts = [format_prompt(policy.tokenizer, p, sampling.use_chat_template, sampling.system_prompt,
+                           sampling.chat_template_kwargs) for p in prompts]
     ids = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
     limit = sampling.max_prompt_length
     return [row[-limit:] for row in ids], [len(row) > limit for row in ids]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config
@@ -53,7 +53,9 @@ def sampling_from(rollout: Any, model_cfg: Any, temperature: float) -> Sampling:
     """Generation settings from the ``rollout`` and ``model`` configs at ``temperature`` (0: greedy)."""
     return Sampling(temperature=temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                     max_new_tokens=rollout.max_new_tokens, max_prompt_length=rollout.max_prompt_length,
-                    batch_size=rollout.batch_size, use_chat_template=model_cfg.use_chat_template)
+                    batch_size=rollout.batch_size, use_chat_template=model_cfg.use_chat_template,
+                    system_prompts=dict(model_cfg.system_prompts),
+                    chat_template_kwargs=OmegaConf.to_container(model_cfg.chat_template_kwargs))
 
 
 def build_team(cfg: DictConfig) -> Workflow:

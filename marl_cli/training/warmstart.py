@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
-                   use_chat_template: bool, policy: Policy, chunk: int = 64) -> Dataset:
+                   model_cfg: Any, policy: Policy, chunk: int = 64) -> Dataset:
     """``num_examples`` prompt/completion pairs per role, from the oracle playing whole warm-start episodes.
 
     The oracle's answer for every role is played through the workflow (tool code runs in the
@@ -39,6 +39,11 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
     Warm-start tasks are disjoint from RL and eval tasks.
     """
     env = workflow.env
+
+    def prompt(role: str, text: str) -> str:  # as the rollouts format it (sampling_from)
+        return format_prompt(policy.tokenizer, text, model_cfg.use_chat_template, model_cfg.system_prompts.get(role),
+                             OmegaConf.to_container(model_cfg.chat_template_kwargs))
+
     pairs: dict[str, list[tuple[str, str]]] = {role: [] for role in roles}
     index = 0
     while min(len(p) for p in pairs.values()) < num_examples:
@@ -56,8 +61,7 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
                     demos = [(i, workflow.demonstration(role, start[i])) for i, _ in live]
                     demos = [(i, d) for i, d in demos if d is not None]
                     if role in pairs:
-                        pairs[role] += [(format_prompt(policy.tokenizer, workflow.prompt(role, start[i]),
-                                                       use_chat_template), demo) for i, demo in demos]
+                        pairs[role] += [(prompt(role, workflow.prompt(role, start[i])), demo) for i, demo in demos]
                     outcomes = workflow.act_many(role, [(states[i], demo) for i, demo in demos])
                     states = list(states)
                     for (i, _), out in zip(demos, outcomes, strict=True):
@@ -86,7 +90,7 @@ class ProgressLog(TrainerCallback):
                  elapsed, left)
 
 
-def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: bool, output_dir: Path,
+def warm_start(policy: Policy, workflow: Workflow, cfg: Any, model_cfg: Any, output_dir: Path,
                seed: int, progress: bool = False, world: World | None = None) -> dict[str, float]:
     """Fine-tune ``policy`` on demonstrations for its roles; return TRL's final training metrics.
 
@@ -96,7 +100,7 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, use_chat_template: 
     """
     world = world or World()
     start = time.perf_counter()
-    data = demonstrations(workflow, policy.roles, cfg.num_examples, use_chat_template, policy)
+    data = demonstrations(workflow, policy.roles, cfg.num_examples, model_cfg, policy)
     log.info("warm start %s (roles %s): %d demonstrations, %s epochs", policy.name, ", ".join(policy.roles),
              len(data), cfg.epochs)
     steps = math.ceil(len(data) / cfg.batch_size) * math.ceil(cfg.epochs)
@@ -154,7 +158,7 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
     ws = cfg.trainer.warmstart
 
     def train() -> dict[str, float]:
-        return warm_start(policy, workflow, ws, cfg.model.use_chat_template, output_dir, cfg.seed, cfg.progress,
+        return warm_start(policy, workflow, ws, cfg.model, output_dir, cfg.seed, cfg.progress,
                           world)
 
     if not ws.cache:

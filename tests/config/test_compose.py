@@ -90,6 +90,7 @@ def test_config_dir_is_the_checkout_conf():
     ("device=gpu", "device: 'gpu' is not a device; choose from auto, cpu, mps, cuda, cuda:<index>"),
     ("policy.devices=[cuda:0,gpu1]", "policy.devices: 'gpu1' is not a device"),
     ("model=hf", "model.name_or_path: must be given: a local model dir or a hub id"),
+    ("+model.system_prompts.ghost=hi", "model.system_prompts names roles ['ghost'] that the workflow lacks"),
     ("model=hf model.name_or_path=/missing/dir", "model.name_or_path=/missing/dir: no such directory"),
     ("policy=lora_per_role policy.devices=[cpu]", "policy.devices places full-model policies; policy=lora_per_role"),
     ("trainer.frozen_roles=[ghost]", "trainer.frozen_roles names roles ['ghost'] that the workflow lacks"),

@@ -9,7 +9,7 @@ from marl_cli.config.schema import ModelConfig, PlanPathConfig, SandboxConfig, W
 from marl_cli.envs.plan_path import PlanPathEnv
 from marl_cli.policies.regime import build_policies
 from marl_cli.rollout.engine import rollout_metrics, run_episodes, select
-from marl_cli.rollout.generation import HFGenerator, Sampling
+from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows.single_agent import SingleAgentWorkflow
 from marl_cli.workflows.tool_plan import ToolPlanWorkflow
@@ -164,3 +164,16 @@ def test_parallel_roles_on_one_policy_share_one_call_and_see_the_same_state():
     assert split.calls_per_turn == [2, 2]
     first = [s for s in shared.samples if s.turn == 0]
     assert {"".join(map(chr, s.prompt_ids)).split(" ", 1)[1] for s in first} == {"none none"}
+
+
+def test_system_prompts_and_template_kwargs_reach_the_prompt(tmp_path):
+    model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
+    policy = build_policies({"agent": "shared"}, model_cfg, 0, tmp_path, torch.device("cpu"))["shared"]
+    policy.tokenizer.chat_template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+                                      "{% if enable_thinking is defined and not enable_thinking %}[nothink]{% endif %}"
+                                      "[assistant]")
+    sampling = Sampling(0.0, system_prompts={"agent": "Be brief."}, chat_template_kwargs={"enable_thinking": False})
+    ids, _ = encode_prompts(policy, ["go"], sampling.for_role("agent"))
+    assert policy.tokenizer.decode(ids[0]) == "[system]Be brief.[user]go[nothink][assistant]"
+    ids, _ = encode_prompts(policy, ["go"], sampling.for_role("other"))
+    assert policy.tokenizer.decode(ids[0]) == "[user]go[nothink][assistant]"
