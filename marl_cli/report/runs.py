@@ -306,9 +306,13 @@ def load_run(path: Path, metric: str = "success") -> Run:
         load_key = setup_key(loaded) if isinstance(loaded, dict) else str(load)
         name = (summary or {}).get("loaded_name")
     seed = config.get("seed")
+    method = str(report.get("method") or method_label(config, command, name))
+    dry = next((o.split("=", 1)[1] for o in overrides if o.startswith("dry_run=") and o != "dry_run=null"), None)
+    if dry:  # the plumbing check of an experiment: its own row, never set beside the paper's number
+        method, report = f"{method} [dry run: {dry}]", {**report, "paper": None}
     run = Run(path=str(path), status=status, command=command, config=config, overrides=overrides,
               table=str(report.get("table") or "runs"),
-              method=str(report.get("method") or method_label(config, command, name)),
+              method=method,
               benchmark=str(report.get("benchmark") or benchmark_label(config)),
               seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
               before_method=report.get("before_method"), paper=_number(report.get("paper")),

@@ -98,6 +98,11 @@ def test_completed_run_value_and_labels(tmp_path):
     assert run.reason is None
 
 
+def test_a_dry_run_is_its_own_row_without_the_paper_number(tmp_path):
+    run = load_run(make_run(tmp_path, "r", overrides=["dry_run=cpu"], report={"method": "AT-GRPO", "paper": 99}))
+    assert run.method == "AT-GRPO [dry run: cpu]" and run.paper is None
+
+
 def test_report_node_overrides_derived_labels(tmp_path):
     run = load_run(make_run(tmp_path, "r", report={"table": "T", "method": "mine", "benchmark": "B"}))
     assert (run.table, run.method, run.benchmark) == ("T", "mine", "B")
