@@ -118,10 +118,6 @@ class World:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad.div_(self.size)
 
-    def barrier(self) -> None:
-        if self.size > 1:
-            dist.barrier()
-
 
 def play_shared(world: World, tasks: Sequence[Any], play: Callable[[list[Any]], RolloutResult]) -> RolloutResult:
     """``play`` this rank's share of ``tasks`` and gather every rank's episodes and rows, task indices
