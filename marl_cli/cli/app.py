@@ -87,6 +87,11 @@ def fail(command: str, message: str) -> None:
 
 def run_app(command: str, config_name: str, hydra_main: Callable[[], object], args: list[str]) -> None:
     """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``."""
+    if {"-sc", "--shell-completion"}.intersection(args) and any(a.startswith("install=") for a in args):
+        from marl_cli.cli.completion import script
+
+        print(script(), end="")  # Hydra's would complete a `marl-<command>` program, which does not exist
+        sys.exit(0)
     if HELP_FLAGS.intersection(args):
         from marl_cli.cli.help import help_text
 

@@ -10,10 +10,11 @@ COMMANDS = {
     "eval": ("marl_cli.cli.eval", "evaluate a run, a checkpoint or a model on held-out tasks (conf/eval.yaml)"),
     "report": ("marl_cli.cli.report", "tabulate run dirs beside paper numbers (Markdown, CSV; --plot for curves)"),
     "env": ("marl_cli.cli.env", "print versions, devices and tools (paste it into a bug report)"),
+    "completion": ("marl_cli.cli.completion", "print bash tab completion: eval \"$(marl completion bash)\""),
 }
 
 USAGE = "usage: marl <command> [hydra overrides and flags] | marl --version\n\ncommands:\n" + "\n".join(
-    f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()
+    f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items()
 ) + "\n\nRun `marl <command> --help` for a command's config groups and options."
 
 

@@ -1,3 +1,5 @@
+import subprocess
+
 from marl_cli.cli import train as train_cli
 from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty
 from marl_cli.provenance import version
@@ -44,3 +46,16 @@ def test_plain_marl_train_runs_the_first_run_that_learns(monkeypatch, capsys):
     assert "no overrides given, running experiment=embedded" in capsys.readouterr().err
     train_cli.run(["env=sudoku"])
     assert started[-1] == ["env=sudoku"]
+
+
+def test_bash_completion_hands_marl_train_lines_to_hydra_as_its_program(tmp_path):
+    # a stand-in `marl` records what the completion function asks Hydra
+    probe = ('marl() { echo "$1|$2 $3|$COMP_LINE|$COMP_POINT"; }; eval "$SCRIPT"; '
+             'COMP_WORDS=(marl train env=pl); COMP_CWORD=2; COMP_LINE="marl train env=pl"; COMP_POINT=17; _marl; '
+             'echo "${COMPREPLY[@]}"; COMP_WORDS=(marl e); COMP_CWORD=1; _marl; echo "${COMPREPLY[@]}"')
+    env = {"SCRIPT": cli("completion", "bash").stdout, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "train|-sc query=bash|marl-train env=pl|17"
+    assert lines[1] == "eval env"
+    assert cli("train", "--shell-completion", "install=bash").stdout == cli("completion", "bash").stdout
