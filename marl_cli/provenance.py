@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 from functools import cache
@@ -40,9 +41,10 @@ def git_sha() -> str | None:
     return sha + ("+dirty" if dirty else "")
 
 
-def run_provenance() -> dict[str, str | None]:
-    """The fields every ``summary.json`` carries: marl's version and git commit."""
-    return {"marl_version": version(), "git_sha": git_sha()}
+def run_provenance() -> dict[str, str | int | None]:
+    """The fields every ``summary.json`` carries: marl's version and git commit, and the host and process id
+    that write it (``marl report`` tells a killed run from a running one by them)."""
+    return {"marl_version": version(), "git_sha": git_sha(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
 def environment() -> dict[str, str | None]:

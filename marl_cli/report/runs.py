@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import re
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,7 +276,24 @@ def _status_reason(summary: dict[str, Any]) -> str:
         return f"status failed: {first[:200]}"
     steps, total = summary.get("steps"), summary.get("total_steps")
     where = f" (step {steps} of {total})" if steps is not None and total is not None else ""
+    if status == "running" and process_gone(summary):
+        return f"status running{where}, but its process {summary['pid']} is gone (killed?): resume it with " \
+               f"trainer.resume={summary.get('run_dir', '<run dir>')}"
     return f"status {status}{where}"
+
+
+def process_gone(summary: dict[str, Any]) -> bool:
+    """Whether the process that wrote a "running" summary on this machine no longer exists."""
+    pid = summary.get("pid")
+    if not isinstance(pid, int) or summary.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def load_run(path: Path, metric: str = "success") -> Run:

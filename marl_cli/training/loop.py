@@ -262,10 +262,11 @@ class Trainer:
             "status": "running", "command": "train", "name": cfg.name, "run_dir": str(run.run_dir),
             "env": cfg.env.name, "workflow": cfg.workflow.name, "algorithm": cfg.algorithm.name,
             "regime": cfg.policy.name, "trainer_role": cfg.trainer.role, "steps": 0, "total_steps": cfg.trainer.steps,
-            "policies": {n: p.roles for n, p in run.policies.items()}, **run_provenance()}
+            "policies": {n: p.roles for n, p in run.policies.items()}}
         path = run.run_dir / "summary.json"
         if self.checkpoint is not None and path.exists():
             summary.update(json.loads(path.read_text()), status="running")
+        summary.update(run_provenance())  # this process, also on a resume
         if run.world.main:
             write_json(path, summary)
         return summary

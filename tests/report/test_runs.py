@@ -1,6 +1,9 @@
 """Finding run dirs and reading their cell placement, value and reason."""
 
 import json
+import os
+import socket
+import subprocess
 
 import pytest
 
@@ -96,6 +99,17 @@ def test_completed_run_value_and_labels(tmp_path):
     assert (run.table, run.method, run.benchmark, run.seed) == ("runs", "single agent + GRPO", "Plan-Path", 2)
     assert (run.before_method, run.paper, run.source) == ("single agent", 11.0, "paper T1")
     assert run.reason is None
+
+
+def test_a_running_run_whose_process_is_gone_says_so(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    summary = {"steps": 5, "total_steps": 10, "pid": gone.pid, "host": socket.gethostname(), "run_dir": "/r"}
+    run = load_run(make_run(tmp_path, "gone", status="running", steps=10, summary=summary))
+    assert run.reason == (f"status running (step 5 of 10), but its process {gone.pid} is gone (killed?): resume it "
+                          "with trainer.resume=/r")
+    alive = load_run(make_run(tmp_path, "alive", status="running", steps=10, summary={**summary, "pid": os.getpid()}))
+    assert alive.reason == "status running (step 5 of 10)"
 
 
 def test_a_dry_run_is_its_own_row_without_the_paper_number(tmp_path):
