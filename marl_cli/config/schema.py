@@ -133,9 +133,9 @@ class MathConfig(EnvConfig):
 
 @dataclass
 class CodeSourceConfig:
-    """Where one split of the code env takes its stdin→stdout problems."""
+    """Where one split of the code env takes its problems (stdin→stdout programs, or functions checked by asserts)."""
 
-    source: str = "embedded"  # embedded | apps | code_contests | livecodebench (the format and default source)
+    source: str = "embedded"  # embedded | apps | code_contests | livecodebench | humaneval | mbpp
     path: str = ""  # hub id, hf:// file or glob, local file or dir; empty: the preset's source for this split
     split: str = ""  # hub split (embedded: the `split` column); empty: the preset's for this split
     question_field: str = ""  # column holding the statement; empty: the preset's

@@ -17,13 +17,23 @@ from __future__ import annotations
 import logging
 import random
 import re
+import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import CodeConfig
 from marl_cli.envs.base import ENVS, Env, Transition
-from marl_cli.envs.code_data import Problem, ProblemSet, Test, load_problems
+from marl_cli.envs.code_data import (
+    PASSED,
+    Problem,
+    ProblemSet,
+    Test,
+    load_problems,
+    normalize,
+    passes,
+    test_program,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +51,6 @@ def clean_code(text: str | None) -> str | None:
     blocks = _FENCE.findall(text)
     code = (blocks[-1] if blocks else text).strip()
     return code or None
-
-
-def normalize(output: str) -> str:
-    """Output as compared: stripped, and every line's runs of whitespace collapsed to one space."""
-    return "\n".join(" ".join(line.split()) for line in output.strip().splitlines())
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,15 @@ class CodeEnv(Env):
             raise ConfigError(f"env.max_tests must be at least 1, got {cfg.max_tests}")
         self.sets: dict[str, ProblemSet] = {where: load_problems(getattr(cfg, where), where)
                                             for where in ("train", "eval")}
+        kinds = {where: {p.function for p in s.problems} for where, s in self.sets.items()}
+        if len(kinds["train"] | kinds["eval"]) > 1:
+            raise ConfigError("env.train and env.eval mix function problems (humaneval, mbpp) with stdin→stdout "
+                              "ones; give both splits sources of one kind")
+        self.function = True in kinds["train"]
+        self.marker = f"{PASSED}{secrets.token_hex(8)}"  # unknown to the answers (see code_data.PASSED)
+        if self.function and sandbox is not None:
+            for where in ("train", "eval"):
+                self.sets[where] = self._golden_passing(self.sets[where], where, sandbox)
         self.train_problems = self.sets["train"].problems
         self.eval_problems = self.sets["eval"].problems
         self._order = list(range(len(self.train_problems)))
@@ -95,6 +109,23 @@ class CodeEnv(Env):
         if {p.statement for p in self.train_problems} & {p.statement for p in self.eval_problems}:
             log.warning("env: some train and eval problems share a statement (the same source for both?)")
         self._cache: dict[tuple[str, str], Run] = {}
+
+    def _golden_passing(self, found: ProblemSet, where: str, sandbox: Any) -> ProblemSet:
+        """The problems whose golden program passes its own tests (function sources: a broken check or golden
+        would score every answer wrong); the others are skipped, counted and logged."""
+        jobs = [(p, t, test_program(p, p.solution, t, self.marker)) for p in found.problems if p.solution
+                for t in p.tests]
+        results = sandbox.run_many([job for _, _, job in jobs])
+        failing = {problem.id for (problem, test, _), result in zip(jobs, results, strict=True)
+                   if not passes(problem, normalize(result.stdout), result.ok, test, self.marker)}
+        if failing:
+            log.warning("env.%s: skipped %d problems of %s whose golden program fails its own tests", where,
+                        len(failing), found.source)
+        kept = [p for p in found.problems if p.id not in failing]
+        if not kept:
+            raise ConfigError(f"env.{where}: no problem of {found.source} has a golden program passing its tests")
+        skipped = {**found.skipped, "golden fails its tests": len(failing)} if failing else found.skipped
+        return ProblemSet(kept, skipped, found.source)
 
     # -- tasks -----------------------------------------------------------------------------------
 
@@ -110,6 +141,8 @@ class CodeEnv(Env):
         return self.train_problems[seed % len(self.train_problems)]
 
     def rules(self) -> str:
+        if self.function:
+            return "Write the Python 3 function asked for; it is checked by assertions."
         return "Write a Python 3 program that reads standard input and prints the answer."
 
     def initial_state(self, task: Problem) -> CodeState:
@@ -152,8 +185,9 @@ class CodeEnv(Env):
     def step_many(self, pairs: list[tuple[CodeState, str | None]]) -> list[Transition]:
         """``step`` for many (state, action) pairs, with every program run in one sandbox batch."""
         codes = [clean_code(action) for _, action in pairs]
-        jobs = [(code, stdin) for (state, _), code in zip(pairs, codes, strict=True) if code is not None
-                for stdin, _ in self.ground_truth(state.problem)]
+        jobs = [test_program(state.problem, code, test, self.marker)
+                for (state, _), code in zip(pairs, codes, strict=True) if code is not None
+                for test in self.ground_truth(state.problem)]
         runs = iter(self.run_jobs(jobs))
         return [self._transition(state, code, runs) for (state, _), code in zip(pairs, codes, strict=True)]
 
@@ -166,7 +200,8 @@ class CodeEnv(Env):
                               info={"p_gt": state.p_gt, "timeouts": 0.0, "errors": 0.0})
         tests = self.ground_truth(state.problem)
         mine = [next(runs) for _ in tests]
-        passed = sum(run.matches(expected) for run, (_, expected) in zip(mine, tests, strict=True))
+        passed = sum(passes(state.problem, run.output, run.ok, test, self.marker)
+                     for run, test in zip(mine, tests, strict=True))
         p_gt = passed / len(tests)
         success = p_gt == 1.0
         done = success or last

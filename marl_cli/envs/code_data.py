@@ -19,6 +19,18 @@ Every source becomes a list of ``Problem``: a statement, stdin→stdout ground-t
   unpickled here with a loader that refuses every class, so only plain strings can come out). Only ``stdin``
   tests are kept; there are no solutions, so such problems have no golden program.
 
+- ``source=humaneval``: HumanEval (openai/openai_humaneval, its only split ``test`` for both env splits: use
+  ``limit`` or a local file to hold problems out). Function completion: columns ``prompt`` (signature and
+  docstring), ``canonical_solution``, ``test`` (a ``check(candidate)`` function) and ``entry_point``. The
+  statement shows the prompt; the answer is the whole function; its one test runs ``check(<entry_point>)``.
+- ``source=mbpp``: MBPP (google-research-datasets/mbpp, ``train``/``test``). Columns ``text``, ``code`` (the
+  golden program), ``test_list`` (assert statements, each a test) and ``test_setup_code``; the statement
+  shows the first assert, which names the function.
+
+Function problems (humaneval, mbpp) are scored by running the answer followed by each test's check code:
+a test passes when the program ends by printing a pass marker (the checks raised nothing). At load, a
+problem's golden program must pass its own tests in the sandbox, or the problem is skipped and counted.
+
 ``path`` overrides the preset's source: a hub id, an ``hf://`` file or glob, or a local file (.json, .jsonl,
 .parquet, .csv) or directory, read through ``datasets.load_dataset``; ``question_field``, ``solutions_field``
 and ``tests_field`` rename the columns (a named column that is missing is an error listing the available
@@ -45,7 +57,13 @@ from marl_cli.config.errors import ConfigError
 log = logging.getLogger(__name__)
 
 EMBEDDED_PATH = Path(__file__).with_name("data") / "code_problems.jsonl"
-DATASETS = ("embedded", "apps", "code_contests", "livecodebench")
+DATASETS = ("embedded", "apps", "code_contests", "livecodebench", "humaneval", "mbpp")
+FUNCTION_DATASETS = ("humaneval", "mbpp")
+"""Sources whose problems ask for a function checked by assertions, not a stdin→stdout program."""
+PASSED = "__marl_checks_passed__"
+"""Starts the line a function problem's test program prints last when every check held; the env adds a
+secret of its own (``CodeEnv.marker``), so an answer that prints the marker and exits before the checks
+does not pass."""
 PYTHON3 = 3
 """CodeContests' language id of Python 3 solutions."""
 
@@ -57,11 +75,15 @@ PRESETS: dict[str, dict[str, tuple[str, str]]] = {
     "code_contests": {"train": ("deepmind/code_contests", "train"), "eval": ("deepmind/code_contests", "test")},
     "livecodebench": {"train": ("hf://datasets/livecodebench/code_generation_lite/test*.jsonl", "train"),
                       "eval": ("hf://datasets/livecodebench/code_generation_lite/test*.jsonl", "train")},
+    "humaneval": {"train": ("openai/openai_humaneval", "test"), "eval": ("openai/openai_humaneval", "test")},
+    "mbpp": {"train": ("google-research-datasets/mbpp", "train"), "eval": ("google-research-datasets/mbpp", "test")},
 }
 COLUMNS: dict[str, tuple[str, str, str]] = {  # (question, solutions, tests: comma-separated)
     "apps": ("question", "solutions", "input_output"),
     "code_contests": ("description", "solutions", "public_tests,private_tests,generated_tests"),
     "livecodebench": ("question_content", "", "public_test_cases,private_test_cases"),
+    "humaneval": ("prompt", "canonical_solution", "test"),
+    "mbpp": ("text", "code", "test_list"),
 }
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -70,12 +92,38 @@ Test = tuple[str, str]
 
 @dataclass(frozen=True)
 class Problem:
-    """A stdin→stdout programming problem: statement, ground-truth tests, golden program (None if unknown)."""
+    """A programming problem: statement, ground-truth tests, golden program (None if unknown).
+
+    ``function`` problems' tests are ``(check code, PASSED)``: the answer runs followed by the check code
+    (``test_program``); stdin→stdout problems' tests are ``(stdin, expected stdout)``.
+    """
 
     id: str
     statement: str
     tests: tuple[Test, ...]
     solution: str | None = None
+    function: bool = False
+
+
+def normalize(output: str) -> str:
+    """Output as compared: stripped, and every line's runs of whitespace collapsed to one space."""
+    return "\n".join(" ".join(line.split()) for line in output.strip().splitlines())
+
+
+def test_program(problem: Problem, code: str, test: Test, marker: str = PASSED) -> tuple[str, str]:
+    """The ``(program, stdin)`` that runs ``code`` on ``test``: as is on the test's stdin, or (function
+    problems) followed by the test's checks and the pass ``marker``, on an empty stdin."""
+    if not problem.function:
+        return code, test[0]
+    return f"{code}\n\n{test[0]}\nprint({marker!r})\n", ""
+
+
+def passes(problem: Problem, output: str, ok: bool, test: Test, marker: str = PASSED) -> bool:
+    """Whether a run's normalised ``output`` passes ``test``: the expected stdout, or (function problems)
+    ending with the pass ``marker`` (the answer's own prints may come first)."""
+    if problem.function:
+        return ok and output.rsplit("\n", 1)[-1] == marker
+    return ok and output == normalize(test[1])
 
 
 @dataclass
@@ -190,7 +238,9 @@ def _convert(rows: Any, dataset: str, src: Any, where: str, path: str) -> Proble
     if columns is None:  # a stream whose features are unknown until read
         columns = list(next(iter(rows), {}))
     question, solutions, test_cols = _columns(dataset, src, where, list(columns))
-    parse = {"apps": _apps_row, "code_contests": _code_contests_row, "livecodebench": _livecodebench_row}[dataset]
+    parse = {"apps": _apps_row, "code_contests": _code_contests_row, "livecodebench": _livecodebench_row,
+             "humaneval": _humaneval_row, "mbpp": _mbpp_row}[dataset]
+    function = dataset in FUNCTION_DATASETS
     problems: list[Problem] = []
     skipped: Counter[str] = Counter()
     for n, row in enumerate(rows):
@@ -200,8 +250,10 @@ def _convert(rows: Any, dataset: str, src: Any, where: str, path: str) -> Proble
                 raise SkipRow("no statement")
             tests, golden = parse(row, solutions, test_cols)
             if not tests:
-                raise SkipRow("no stdin tests")
-            problems.append(Problem(f"{dataset}:{n}", statement.strip(), tuple(tests), golden))
+                raise SkipRow("no tests" if function else "no stdin tests")
+            if function:
+                statement, golden = _function_statement(dataset, row, statement, tests, golden)
+            problems.append(Problem(f"{dataset}:{n}", statement.strip(), tuple(tests), golden, function))
         except SkipRow as exc:
             skipped[str(exc)] += 1
         if src.limit and len(problems) >= src.limit:
@@ -305,3 +357,30 @@ def _livecodebench_row(row: dict[str, Any], solutions: str, test_cols: list[str]
     if solutions and isinstance(row[solutions], str) and row[solutions].strip():
         golden = row[solutions]
     return tests, golden
+
+
+def _humaneval_row(row: dict[str, Any], solutions: str, test_cols: list[str]) -> tuple[list[Test], str | None]:
+    entry = row.get("entry_point")
+    check = row[test_cols[0]] if test_cols else None
+    if not isinstance(entry, str) or not entry.isidentifier() or not isinstance(check, str) or not check.strip():
+        raise SkipRow("no check or entry_point")
+    golden = row[solutions] if solutions and isinstance(row[solutions], str) else None
+    return [(f"{check}\ncheck({entry})", PASSED)], golden
+
+
+def _mbpp_row(row: dict[str, Any], solutions: str, test_cols: list[str]) -> tuple[list[Test], str | None]:
+    setup = row.get("test_setup_code") or ""
+    asserts = [a for col in test_cols for a in (row[col] or []) if isinstance(a, str) and a.strip()]
+    golden = row[solutions] if solutions and isinstance(row[solutions], str) and row[solutions].strip() else None
+    return [(f"{setup}\n{a}".strip(), PASSED) for a in asserts], golden
+
+
+def _function_statement(dataset: str, row: dict[str, Any], statement: str, tests: list[Test],
+                        golden: str | None) -> tuple[str, str | None]:
+    """A function problem's statement as the model sees it, and its golden program as a whole."""
+    if dataset == "humaneval":  # the prompt is the function's head; the golden body completes it
+        return (f"Complete this Python function. Answer with the whole function in a ```python block.\n\n"
+                f"```python\n{statement.rstrip()}\n```"), (statement + golden if golden else None)
+    first = tests[0][0].rsplit("\n", 1)[-1]
+    return (f"{statement.strip()}\nWrite the Python function in a ```python block. It must pass tests such as:\n"
+            f"{first}"), golden

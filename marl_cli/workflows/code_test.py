@@ -79,6 +79,9 @@ class CodeTestWorkflow(Workflow):
             raise ConfigError(f"workflow=code_test has the roles [coder, tester] in that order, got {self.roles}")
         if not isinstance(env, CodeEnv):
             raise ConfigError(f"workflow=code_test works with env=code, got env={env.cfg.name}")
+        if env.function:
+            raise ConfigError("workflow=code_test's tester writes stdin→stdout tests; function problems "
+                              "(env.*.source=humaneval|mbpp) train with workflow=single_agent")
         self.agreement_weight = float(getattr(cfg, "tester_agreement_weight", 1.0))
         if self.agreement_weight < 0:
             raise ConfigError(f"workflow.tester_agreement_weight must be non-negative, got {self.agreement_weight}")
