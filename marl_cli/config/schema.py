@@ -392,6 +392,7 @@ class SandboxConfig:
     memory_mb: int = bounded(1024, ge=1)  # address-space limit
     max_processes: int = bounded(32, ge=1)
     file_size_mb: int = bounded(16, ge=1)
+    workdir_mb: int = bounded(64, ge=1)  # bwrap: the work dir is a tmpfs of this size (all its files together)
     python: str = ""  # interpreter inside the sandbox; empty: the one running marl
 
 

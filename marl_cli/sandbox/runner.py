@@ -3,9 +3,10 @@
 Backends (``sandbox.backend``):
 
 - ``bwrap`` (default): bubblewrap with new network, pid, ipc, uts and cgroup namespaces; the system (``/usr``,
-  ``/etc``, ``/lib*``) and the interpreter's prefixes are mounted read-only, and a private writable temp dir is the
-  only writable place (mounted at ``/sandbox``, the working dir, ``$HOME`` and ``$TMPDIR``; not at ``/tmp``, which
-  would hide an interpreter installed under ``/tmp``, e.g. a virtualenv in a CI checkout there).
+  ``/etc``, ``/lib*``) and the interpreter's prefixes are mounted read-only, and a private tmpfs of
+  ``sandbox.workdir_mb`` is the only writable place (at ``/sandbox``, the working dir, ``$HOME`` and ``$TMPDIR``,
+  holding a copy of the run's files; not at ``/tmp``, which would hide an interpreter installed under ``/tmp``,
+  e.g. a virtualenv in a CI checkout there), so everything a run writes together is capped, not only each file.
 - ``rlimit`` (opt-in, weaker): the same limits, empty environment and private working dir, but no namespaces: the
   code can use the network and write anywhere its uid may write.
 
@@ -50,6 +51,17 @@ _PREFIXES = "import sys; print(sys.prefix, sys.base_prefix, sys.exec_prefix, sys
 _BOOTSTRAP = """\
 import os, resource, sys
 cpu, mem, nproc, fsize, uid = map(int, sys.argv[1:6])
+copied = []
+for top, dirs, names in os.walk("/.marl-in"):  # bwrap: the run's files, copied into its size-capped tmpfs
+    here = os.path.relpath(top, "/.marl-in")
+    for name in dirs:
+        os.mkdir(os.path.join(here, name))
+    for name in names:
+        with open(os.path.join(top, name), "rb") as src, open(os.path.join(here, name), "wb") as dst:
+            dst.write(src.read())
+    copied += [os.path.join(here, name) for name in dirs + names]
+for name in copied if uid >= 0 else []:
+    os.chown(name, uid, uid)
 def limit(kind, soft, hard):
     cur = resource.getrlimit(kind)[1]
     if cur != resource.RLIM_INFINITY:
@@ -100,6 +112,7 @@ class Sandbox:
         self.memory_mb = _positive(cfg, defaults, "memory_mb", int)
         self.max_processes = _positive(cfg, defaults, "max_processes", int)
         self.file_size_mb = _positive(cfg, defaults, "file_size_mb", int)
+        self.workdir_mb = _positive(cfg, defaults, "workdir_mb", int)
         self.python = _interpreter(str(getattr(cfg, "python", defaults.python) or sys.executable))
         self.uid = NOBODY if os.geteuid() == 0 else -1
         self._bwrap = ""
@@ -117,7 +130,8 @@ class Sandbox:
         """Run ``code`` as a script in a fresh private dir holding ``files``; never raises for what the code does."""
         workdir = tempfile.mkdtemp(prefix="marl-sandbox-")
         try:
-            _write_files(workdir, {**(files or {}), SCRIPT: code}, self.uid)
+            # under bwrap the bootstrap copies the files into the run's tmpfs and gives them to the uid there
+            _write_files(workdir, {**(files or {}), SCRIPT: code}, -1 if self.backend == "bwrap" else self.uid)
             return self._execute(workdir, stdin.encode())
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -163,10 +177,12 @@ class Sandbox:
         for key, value in env.items():
             args += ["--setenv", key, value]
         args += self._mounts
-        args += ["--proc", "/proc", "--dev", "/dev", "--bind", workdir, _SANDBOX_DIR, "--chdir", _SANDBOX_DIR,
-                 "--remount-ro", "/"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", workdir, "/.marl-in",
+                 "--perms", "01777", "--size", str(self.workdir_mb * _MIB), "--tmpfs", _SANDBOX_DIR,
+                 "--chdir", _SANDBOX_DIR, "--remount-ro", "/"]
         if self.uid >= 0:
-            args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                     "--cap-add", "CAP_CHOWN"]  # the bootstrap gives the copied files to the uid, then drops to it
         return [*args, "--"]
 
     def _probe_error(self, probe: SandboxResult) -> str:

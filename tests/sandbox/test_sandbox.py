@@ -94,6 +94,18 @@ print(json.dumps({{"written": written, "own": open("own.txt").read(), "cwd": os.
     assert not os.path.exists(os.path.join(report["cwd"], "own.txt"))
 
 
+def test_everything_a_run_writes_together_is_capped(tmp_path):
+    sb = Sandbox(OmegaConf.structured(SandboxConfig(**{**LIMITS, "file_size_mb": 4, "workdir_mb": 10})))
+    code = ("import os\nn = 0\ntry:\n    for i in range(10):\n        os.makedirs(f'd{i}', exist_ok=True)\n"
+            "        open(f'd{i}/f', 'wb').write(b'a' * (3 << 20)); n += 1\n"
+            "except OSError as e:\n    print('stopped', n)\n"
+            "print(sum(os.path.getsize(f'd{i}/f') for i in range(10) if os.path.exists(f'd{i}/f')) >> 20)")
+    out = sb.run(code, files={"given/data.txt": "x"})
+    stopped, total = out.stdout.split("\n")[-3:-1] if "stopped" in out.stdout else ("", "")
+    assert stopped.startswith("stopped") and int(total) <= 10  # per file 4 MiB, all together 10 MiB
+    assert sb.run("print(open('given/data.txt').read())", files={"given/data.txt": "x"}).stdout.strip() == "x"
+
+
 def test_no_network(sandbox):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
