@@ -10,9 +10,10 @@ Backends (``sandbox.backend``):
 - ``rlimit`` (opt-in, weaker): the same limits, empty environment and private working dir, but no namespaces: the
   code can use the network and write anywhere its uid may write.
 
-Each run goes through a small bootstrap that sets RLIMIT_CPU/AS/NPROC/FSIZE (and no core dumps), drops to uid/gid
-65534 (nobody) when marl runs as root — Linux does not enforce RLIMIT_NPROC for uid 0, so a fork bomb is only
-contained this way; the process budget is then shared by all processes of that uid on the host — and execs the
+Each run goes through a small bootstrap that sets RLIMIT_CPU/AS/NPROC/FSIZE (and no core dumps), drops to an
+unprivileged uid/gid of its own when marl runs as root — Linux does not enforce RLIMIT_NPROC for uid 0, so a fork
+bomb is only contained this way, and it counts a uid's processes host-wide, so each concurrent run takes a uid from
+a pool (``UID_BASE`` + a block per marl process + a slot) and its process budget is its own — and execs the
 interpreter on the script. The wall-clock limit kills the whole process group (and, under bwrap, the pid namespace).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import select
 import selectors
 import shutil
@@ -39,7 +41,9 @@ from marl_cli.config.schema import SandboxConfig
 BACKENDS = ("bwrap", "rlimit")
 OUTPUT_LIMIT = 64 * 1024  # bytes kept of each of stdout and stderr
 WORKERS_PER_CPU = 4
-NOBODY = 65534
+UID_BASE = 200_000
+"""Sandbox runs as root get uids from UID_BASE up (no passwd entry needed), a block of UID_BLOCK per marl process."""
+UID_BLOCK = 256
 SCRIPT = "_marl_main.py"
 _MIB = 1024 * 1024
 _POLL_S = 0.1
@@ -114,7 +118,11 @@ class Sandbox:
         self.file_size_mb = _positive(cfg, defaults, "file_size_mb", int)
         self.workdir_mb = _positive(cfg, defaults, "workdir_mb", int)
         self.python = _interpreter(str(getattr(cfg, "python", defaults.python) or sys.executable))
-        self.uid = NOBODY if os.geteuid() == 0 else -1
+        self.drops = os.geteuid() == 0  # as root, each run drops to a uid of its own (see the module docstring)
+        self._uids: queue.SimpleQueue[int] = queue.SimpleQueue()
+        block = UID_BASE + (os.getpid() % 1000) * UID_BLOCK
+        for uid in range(block, block + UID_BLOCK) if self.drops else [-1] * UID_BLOCK:
+            self._uids.put(uid)
         self._bwrap = ""
         self._mounts: list[str] = []
         if self.backend == "bwrap":
@@ -129,11 +137,13 @@ class Sandbox:
     def run(self, code: str, stdin: str = "", files: dict[str, str] | None = None) -> SandboxResult:
         """Run ``code`` as a script in a fresh private dir holding ``files``; never raises for what the code does."""
         workdir = tempfile.mkdtemp(prefix="marl-sandbox-")
+        uid = self._uids.get()  # blocks while every uid of the pool is running
         try:
             # under bwrap the bootstrap copies the files into the run's tmpfs and gives them to the uid there
-            _write_files(workdir, {**(files or {}), SCRIPT: code}, -1 if self.backend == "bwrap" else self.uid)
-            return self._execute(workdir, stdin.encode())
+            _write_files(workdir, {**(files or {}), SCRIPT: code}, -1 if self.backend == "bwrap" else uid)
+            return self._execute(workdir, stdin.encode(), uid)
         finally:
+            self._uids.put(uid)
             shutil.rmtree(workdir, ignore_errors=True)
 
     def run_many(self, jobs: list[tuple[str, str]]) -> list[SandboxResult]:
@@ -149,10 +159,10 @@ class Sandbox:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(lambda job: self.run(job[0], job[1]), jobs))
 
-    def _execute(self, workdir: str, stdin: bytes) -> SandboxResult:
+    def _execute(self, workdir: str, stdin: bytes, uid: int) -> SandboxResult:
         inner_dir = _SANDBOX_DIR if self.backend == "bwrap" else workdir
         env = _environment(self.python, inner_dir)
-        limits = [self.cpu_seconds, self.memory_mb * _MIB, self.max_processes, self.file_size_mb * _MIB, self.uid]
+        limits = [self.cpu_seconds, self.memory_mb * _MIB, self.max_processes, self.file_size_mb * _MIB, uid]
         command = [self.python, "-I", "-S", "-c", _BOOTSTRAP, *map(str, limits), self.python, SCRIPT]
         if self.backend == "bwrap":
             command = self._bwrap_prefix(workdir, env) + command
@@ -180,7 +190,7 @@ class Sandbox:
         args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", workdir, "/.marl-in",
                  "--perms", "01777", "--size", str(self.workdir_mb * _MIB), "--tmpfs", _SANDBOX_DIR,
                  "--chdir", _SANDBOX_DIR, "--remount-ro", "/"]
-        if self.uid >= 0:
+        if self.drops:
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                      "--cap-add", "CAP_CHOWN"]  # the bootstrap gives the copied files to the uid, then drops to it
         return [*args, "--"]
@@ -190,7 +200,7 @@ class Sandbox:
         detail = lines[-1] if lines else ("timed out" if probe.timed_out else f"exit status {probe.returncode}")
         if self.backend == "bwrap":
             return f"sandbox.backend=bwrap cannot create its sandbox ({detail}); {_OPT_IN}"
-        who = f"uid {self.uid}" if self.uid >= 0 else "the current user"
+        who = "an unprivileged uid" if self.drops else "the current user"
         return (f"sandbox.backend=rlimit cannot run {self.python} as {who} ({detail}); set sandbox.python to an "
                 f"interpreter {who} can read and execute (e.g. /usr/bin/python3)")
 

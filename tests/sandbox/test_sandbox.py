@@ -106,6 +106,16 @@ def test_everything_a_run_writes_together_is_capped(tmp_path):
     assert sb.run("print(open('given/data.txt').read())", files={"given/data.txt": "x"}).stdout.strip() == "x"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="per-run uids need root; unprivileged runs share the user's uid")
+def test_64_concurrent_runs_on_a_16_cpu_count_each_keep_their_process_budget(monkeypatch):
+    sandbox = Sandbox(OmegaConf.structured(SandboxConfig(**{**LIMITS, "timeout_s": 60})))  # 2 cores, 64 runs
+    monkeypatch.setattr("marl_cli.sandbox.runner.os.cpu_count", lambda: 16)  # 4 workers per CPU: 64 at once
+    code = "import subprocess, sys, time\ntime.sleep(1)\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)\n" \
+           "print('ok')"
+    results = sandbox.run_many([(code, "")] * 64)
+    assert [r.stdout.strip() for r in results] == ["ok"] * 64, next(r.stderr for r in results if not r.ok)
+
+
 def test_no_network(sandbox):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
