@@ -37,6 +37,7 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import SandboxConfig
+from marl_cli.sandbox.cgroups import MemoryCgroups
 
 BACKENDS = ("bwrap", "rlimit")
 OUTPUT_LIMIT = 64 * 1024  # bytes kept of each of stdout and stderr
@@ -48,6 +49,8 @@ SCRIPT = "_marl_main.py"
 _MIB = 1024 * 1024
 _POLL_S = 0.1
 _SANDBOX_DIR = "/sandbox"
+_CGROUP_PROCS = "/.marl-cgroup-procs"
+"""Where a bwrap run sees its memory cgroup's ``cgroup.procs`` (the bootstrap enters it before dropping root)."""
 _SYSTEM_BINDS = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _OPT_IN = "apt-get install bubblewrap, or set sandbox.backend=rlimit to opt into rlimit-only isolation"
@@ -55,6 +58,9 @@ _PREFIXES = "import sys; print(sys.prefix, sys.base_prefix, sys.exec_prefix, sys
 _BOOTSTRAP = """\
 import os, resource, sys
 cpu, mem, nproc, fsize, uid = map(int, sys.argv[1:6])
+if sys.argv[6] != "-":  # enter the run's memory cgroup: every process the run starts is counted together
+    with open(sys.argv[6], "w") as procs:
+        procs.write("0")
 copied = []
 for top, dirs, names in os.walk("/.marl-in"):  # bwrap: the run's files, copied into its size-capped tmpfs
     here = os.path.relpath(top, "/.marl-in")
@@ -80,7 +86,7 @@ if uid >= 0:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-os.execv(sys.argv[6], sys.argv[6:])
+os.execv(sys.argv[7], sys.argv[7:])
 """
 
 
@@ -119,10 +125,11 @@ class Sandbox:
         self.workdir_mb = _positive(cfg, defaults, "workdir_mb", int)
         self.python = _interpreter(str(getattr(cfg, "python", defaults.python) or sys.executable))
         self.drops = os.geteuid() == 0  # as root, each run drops to a uid of its own (see the module docstring)
-        self._uids: queue.SimpleQueue[int] = queue.SimpleQueue()
-        block = UID_BASE + (os.getpid() % 1000) * UID_BLOCK
-        for uid in range(block, block + UID_BLOCK) if self.drops else [-1] * UID_BLOCK:
-            self._uids.put(uid)
+        self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()  # one per run at a time: its uid and cgroup
+        for slot in range(UID_BLOCK):
+            self._slots.put(slot)
+        self._uid_block = UID_BASE + (os.getpid() % 1000) * UID_BLOCK
+        self.memory = MemoryCgroups.create(self.memory_mb * _MIB)  # None: RLIMIT_AS per process only
         self._bwrap = ""
         self._mounts: list[str] = []
         if self.backend == "bwrap":
@@ -137,13 +144,14 @@ class Sandbox:
     def run(self, code: str, stdin: str = "", files: dict[str, str] | None = None) -> SandboxResult:
         """Run ``code`` as a script in a fresh private dir holding ``files``; never raises for what the code does."""
         workdir = tempfile.mkdtemp(prefix="marl-sandbox-")
-        uid = self._uids.get()  # blocks while every uid of the pool is running
+        slot = self._slots.get()  # blocks while every slot of the pool is running
+        uid = self._uid_block + slot if self.drops else -1
         try:
             # under bwrap the bootstrap copies the files into the run's tmpfs and gives them to the uid there
             _write_files(workdir, {**(files or {}), SCRIPT: code}, -1 if self.backend == "bwrap" else uid)
-            return self._execute(workdir, stdin.encode(), uid)
+            return self._execute(workdir, stdin.encode(), uid, slot)
         finally:
-            self._uids.put(uid)
+            self._slots.put(slot)
             shutil.rmtree(workdir, ignore_errors=True)
 
     def run_many(self, jobs: list[tuple[str, str]]) -> list[SandboxResult]:
@@ -159,13 +167,15 @@ class Sandbox:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(lambda job: self.run(job[0], job[1]), jobs))
 
-    def _execute(self, workdir: str, stdin: bytes, uid: int) -> SandboxResult:
+    def _execute(self, workdir: str, stdin: bytes, uid: int, slot: int) -> SandboxResult:
         inner_dir = _SANDBOX_DIR if self.backend == "bwrap" else workdir
         env = _environment(self.python, inner_dir)
         limits = [self.cpu_seconds, self.memory_mb * _MIB, self.max_processes, self.file_size_mb * _MIB, uid]
-        command = [self.python, "-I", "-S", "-c", _BOOTSTRAP, *map(str, limits), self.python, SCRIPT]
+        procs = self.memory.procs(slot) if self.memory is not None else "-"
+        inner_procs = _CGROUP_PROCS if self.backend == "bwrap" and procs != "-" else procs
+        command = [self.python, "-I", "-S", "-c", _BOOTSTRAP, *map(str, limits), inner_procs, self.python, SCRIPT]
         if self.backend == "bwrap":
-            command = self._bwrap_prefix(workdir, env) + command
+            command = self._bwrap_prefix(workdir, env, procs) + command
         deadline = time.monotonic() + self.timeout_s
         try:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -181,7 +191,7 @@ class Sandbox:
                 stream.close()
         return SandboxResult(stdout, stderr, None if timed_out else returncode, timed_out)
 
-    def _bwrap_prefix(self, workdir: str, env: dict[str, str]) -> list[str]:
+    def _bwrap_prefix(self, workdir: str, env: dict[str, str], procs: str) -> list[str]:
         args = [self._bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
         for key, value in env.items():
@@ -189,7 +199,8 @@ class Sandbox:
         args += self._mounts
         args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", workdir, "/.marl-in",
                  "--perms", "01777", "--size", str(self.workdir_mb * _MIB), "--tmpfs", _SANDBOX_DIR,
-                 "--chdir", _SANDBOX_DIR, "--remount-ro", "/"]
+                 "--chdir", _SANDBOX_DIR, *(["--bind", procs, _CGROUP_PROCS] if procs != "-" else []),
+                 "--remount-ro", "/"]
         if self.drops:
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                      "--cap-add", "CAP_CHOWN"]  # the bootstrap gives the copied files to the uid, then drops to it

@@ -116,6 +116,18 @@ def test_64_concurrent_runs_on_a_16_cpu_count_each_keep_their_process_budget(mon
     assert [r.stdout.strip() for r in results] == ["ok"] * 64, next(r.stderr for r in results if not r.ok)
 
 
+def test_a_runs_processes_share_one_memory_limit():
+    sandbox = Sandbox(OmegaConf.structured(SandboxConfig(**{**LIMITS, "timeout_s": 30, "cpu_seconds": 10})))
+    if sandbox.memory is None:
+        pytest.skip("no writable memory cgroup here: the memory limit is per process only (RLIMIT_AS)")
+    child = "import time; b = bytearray(150 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1); print('held')"
+    code = (f"import subprocess, sys\nprocs = [subprocess.Popen([sys.executable, '-c', {child!r}]) for _ in range(3)]\n"
+            "print('codes', [p.wait() for p in procs])")
+    result = sandbox.run(code)  # 3 x 150 MiB, each under the 256 MiB per-process limit, 450 MiB together
+    assert result.ok and "codes" in result.stdout, result
+    assert result.stdout.count("held") < 3 and "-9" in result.stdout  # the cgroup's OOM killer stopped one
+
+
 def test_no_network(sandbox):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
