@@ -138,6 +138,10 @@ class Sandbox:
                 raise ConfigError(f"sandbox.backend=bwrap needs bubblewrap, but `bwrap` is not on PATH; {_OPT_IN}")
             self._mounts = _mounts(self.python)
         probe = self.run("")
+        if not probe.ok and self.memory is not None:  # a cgroup this host will not let a run enter: do without
+            self.memory.close()
+            self.memory = None
+            probe = self.run("")
         if not probe.ok:
             raise ConfigError(self._probe_error(probe))
 
