@@ -3,6 +3,7 @@ ends where the uninterrupted run ends (same metrics, each step once, same weight
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -81,3 +82,19 @@ def test_the_same_seed_twice_gives_the_same_metrics(tmp_path, uninterrupted):
     assert _metrics(again) == _metrics(uninterrupted)  # exactly, on CPU
     for key, value in _weights(uninterrupted, 3).items():
         assert torch.equal(_weights(again, 3)[key], value)
+
+
+def test_a_run_killed_after_logging_a_step_but_before_its_checkpoint_resumes_each_step_once(tmp_path, uninterrupted):
+    """What SIGKILL leaves between a step's metrics line and its checkpoint: the resume trains that step again
+    and keeps one line per step; it ends with the uninterrupted run's metrics and weights."""
+    run = tmp_path / "run"
+    train(train_config(*RUN, "trainer.save_every=1"), run)
+    shutil.rmtree(run / "checkpoints" / "step_000003")  # killed after step 3's line, before its checkpoint
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # ... and before the final eval
+    train(train_config(*RUN, f"trainer.resume={run}"), tmp_path / "unused")
+    assert [m["step"] for m in _metrics(run)] == [m["step"] for m in _metrics(uninterrupted)]
+    for mine, whole in zip(_metrics(run), _metrics(uninterrupted), strict=True):
+        assert mine == pytest.approx(whole, rel=1e-5, abs=1e-7)
+    for key, value in _weights(uninterrupted, 3).items():
+        torch.testing.assert_close(_weights(run, 3)[key], value, rtol=1e-5, atol=1e-7)
