@@ -1,9 +1,10 @@
 """A memory limit per sandbox run (all its processes together), through the memory cgroup.
 
 Where this process may create cgroups (root, and a writable memory controller: cgroup v1, or v2 with the
-memory controller delegated), each concurrent run slot gets ``<own cgroup>/marl-sandbox-<pid>/slot<N>``
-with ``memory_mb`` as its limit (swap included where the kernel accounts it), and a run enters its slot's
-cgroup before exec, so every process it starts is counted together. Elsewhere ``MemoryCgroups.create``
+memory controller delegated), each concurrent run slot of a sandbox gets
+``<own cgroup>/marl-sandbox-<pid>-<sandbox>/slot<N>`` with ``memory_mb`` as its limit (swap included where
+the kernel accounts it), and a run enters its slot's cgroup before exec, so every process it starts is
+counted together. Elsewhere ``MemoryCgroups.create``
 returns None and the per-process address-space limit (RLIMIT_AS) is the only memory limit.
 """
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+_SANDBOXES = itertools.count()
 
 
 def _memory_cgroup() -> tuple[Path, bool] | None:
@@ -66,7 +69,7 @@ class MemoryCgroups:
         if found is None:
             return None
         parent, version2 = found
-        root = parent / f"marl-sandbox-{os.getpid()}"
+        root = parent / f"marl-sandbox-{os.getpid()}-{next(_SANDBOXES)}"  # each sandbox its own limits
         try:
             root.mkdir(exist_ok=True)
             if version2:
