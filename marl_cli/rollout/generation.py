@@ -43,6 +43,11 @@ class Sampling:
         """These settings with ``role``'s system message."""
         return replace(self, system_prompt=self.system_prompts.get(role))
 
+    def prompt(self, tokenizer: Any, text: str) -> str:
+        """``text`` as the model sees it: the chat template (with the system message and template kwargs) when
+        wanted and the tokenizer has one; what rollouts generate from and warm-start demonstrations train on."""
+        return format_prompt(tokenizer, text, self.use_chat_template, self.system_prompt, self.chat_template_kwargs)
+
 
 @dataclass
 class Generation:
@@ -101,8 +106,7 @@ def end_token_ids(policy: Policy) -> list[int]:
 
 def encode_prompts(policy: Policy, prompts: list[str], sampling: Sampling) -> tuple[list[list[int]], list[bool]]:
     """Token ids of each prompt as the model sees it (chat template applied), cut on the left to the limit."""
-    texts = [format_prompt(policy.tokenizer, p, sampling.use_chat_template, sampling.system_prompt,
-                           sampling.chat_template_kwargs) for p in prompts]
+    texts = [sampling.prompt(policy.tokenizer, p) for p in prompts]
     ids = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
     limit = sampling.max_prompt_length
     return [row[-limit:] for row in ids], [len(row) > limit for row in ids]

@@ -21,8 +21,9 @@ from transformers import PrinterCallback, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
+from marl_cli.rollout.generation import Sampling
+from marl_cli.training.build import sampling_from
 from marl_cli.training.distributed import World
 from marl_cli.workflows.base import Workflow
 
@@ -30,20 +31,16 @@ log = logging.getLogger(__name__)
 
 
 def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
-                   model_cfg: Any, policy: Policy, chunk: int = 64) -> Dataset:
+                   sampling: Sampling, policy: Policy, chunk: int = 64) -> Dataset:
     """``num_examples`` prompt/completion pairs per role, from the oracle playing whole warm-start episodes.
 
     The oracle's answer for every role is played through the workflow (tool code runs in the
     sandbox), so later roles and turns see the states the team actually reaches. Every role gets
     the same number of demonstrations, so a policy serving two roles trains on twice as many.
-    Warm-start tasks are disjoint from RL and eval tasks.
+    Warm-start tasks are disjoint from RL and eval tasks. Prompts are formatted by ``sampling`` (the
+    run's training sampling: chat template, each role's system message), as rollouts format them.
     """
     env = workflow.env
-
-    def prompt(role: str, text: str) -> str:  # as the rollouts format it (sampling_from)
-        return format_prompt(policy.tokenizer, text, model_cfg.use_chat_template, model_cfg.system_prompts.get(role),
-                             OmegaConf.to_container(model_cfg.chat_template_kwargs))
-
     pairs: dict[str, list[tuple[str, str]]] = {role: [] for role in roles}
     index = 0
     while min(len(p) for p in pairs.values()) < num_examples:
@@ -61,7 +58,9 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
                     demos = [(i, workflow.demonstration(role, start[i])) for i, _ in live]
                     demos = [(i, d) for i, d in demos if d is not None]
                     if role in pairs:
-                        pairs[role] += [(prompt(role, workflow.prompt(role, start[i])), demo) for i, demo in demos]
+                        as_seen = sampling.for_role(role)  # prompts exactly as rollouts format them
+                        pairs[role] += [(as_seen.prompt(policy.tokenizer, workflow.prompt(role, start[i])), demo)
+                                        for i, demo in demos]
                     outcomes = workflow.act_many(role, [(states[i], demo) for i, demo in demos])
                     states = list(states)
                     for (i, _), out in zip(demos, outcomes, strict=True):
@@ -90,7 +89,7 @@ class ProgressLog(TrainerCallback):
                  elapsed, left)
 
 
-def warm_start(policy: Policy, workflow: Workflow, cfg: Any, model_cfg: Any, output_dir: Path,
+def warm_start(policy: Policy, workflow: Workflow, cfg: Any, sampling: Sampling, output_dir: Path,
                seed: int, progress: bool = False, world: World | None = None) -> dict[str, float]:
     """Fine-tune ``policy`` on demonstrations for its roles; return TRL's final training metrics.
 
@@ -100,7 +99,7 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, model_cfg: Any, out
     """
     world = world or World()
     start = time.perf_counter()
-    data = demonstrations(workflow, policy.roles, cfg.num_examples, model_cfg, policy)
+    data = demonstrations(workflow, policy.roles, cfg.num_examples, sampling, policy)
     log.info("warm start %s (roles %s): %d demonstrations, %s epochs", policy.name, ", ".join(policy.roles),
              len(data), cfg.epochs)
     steps = math.ceil(len(data) / cfg.batch_size) * math.ceil(cfg.epochs)
@@ -158,8 +157,8 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
     ws = cfg.trainer.warmstart
 
     def train() -> dict[str, float]:
-        return warm_start(policy, workflow, ws, cfg.model, output_dir, cfg.seed, cfg.progress,
-                          world)
+        sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
+        return warm_start(policy, workflow, ws, sampling, output_dir, cfg.seed, cfg.progress, world)
 
     if not ws.cache:
         return train()

@@ -2,21 +2,14 @@ from dataclasses import replace
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import (
-    MathConfig,
-    ModelConfig,
-    PlanPathConfig,
-    SandboxConfig,
-    WorkflowConfig,
-    register_configs,
-)
+from marl_cli.config.schema import MathConfig, PlanPathConfig, SandboxConfig, WorkflowConfig, register_configs
 from marl_cli.envs.math_data import MathTask
 from marl_cli.envs.math_problems import MathEnv
 from marl_cli.envs.plan_path import PlanPathEnv
+from marl_cli.rollout.generation import Sampling
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows import build_workflow
 from marl_cli.workflows.single_agent import SingleAgentWorkflow
@@ -210,8 +203,8 @@ def test_warm_start_demonstrations_cover_both_roles(wf):
 
     from marl_cli.training.warmstart import demonstrations
 
-    model_cfg = OmegaConf.structured(ModelConfig(use_chat_template=False))
-    data = demonstrations(wf, ["tool", "reasoner"], 10, model_cfg, SimpleNamespace(tokenizer=None), chunk=10)
+    sampling = Sampling(0.0, use_chat_template=False)
+    data = demonstrations(wf, ["tool", "reasoner"], 10, sampling, SimpleNamespace(tokenizer=None), chunk=10)
     assert len(data) == 20
     tools = [c for c in data["completion"] if c.startswith("#### print(")]
     boxed = [c for c in data["completion"] if c.startswith("\\boxed{")]
