@@ -19,6 +19,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import register_configs
 from marl_cli.config.validate import check_overrides
 from marl_cli.registry import load_plugins
+from marl_cli.tracking.tracker import write_json
 from marl_cli.training.launch import launched_world_size
 
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
@@ -104,13 +105,12 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
             check_overrides(config_name, overrides_in(args), config_dirs_in(args))
     except ConfigError as exc:
         fail(command, str(exc))
-    if command == "train":
-        if MULTIRUN_FLAGS.intersection(args) and launched_world_size() > 1:
+    if command == "train" and launched_world_size() > 1:
+        if MULTIRUN_FLAGS.intersection(args):
             fail(command, "a sweep (-m) starts its own jobs; launch one run per torchrun/accelerate launch")
-        if launched_world_size() > 1:
-            from marl_cli.training.distributed import launch_overrides
+        from marl_cli.training.distributed import launch_overrides
 
-            args = [*args, *launch_overrides(args)]
+        args = [*args, *launch_overrides(args)]
     sys.argv = [f"marl-{command}", *args]
     FAILED_JOBS.clear()
     hydra_main()
@@ -159,7 +159,7 @@ def sweep_job_failed(run_dir: Path, sweep_dir: Path, exc: Exception) -> None:
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"run_dir": str(run_dir)}
     summary.update(status="failed", error=error)
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=2))
+    write_json(summary_path, summary)
     FAILED_JOBS.append((name, error))
 
 

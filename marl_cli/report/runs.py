@@ -291,8 +291,8 @@ def process_gone(summary: dict[str, Any]) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
-        return False
+    except PermissionError:  # alive, another user's
+        pass
     return False
 
 

@@ -126,7 +126,8 @@ def run_episodes(workflow: Workflow, policies: dict[str, Policy], role_map: dict
 def _generate_stage(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str], stage: list[str],
                     live: list[Episode], candidates: int, sampling: Sampling,
                     generator: HFGenerator) -> dict[str, dict[tuple[int, int], list[Generation]]]:
-    """Generate for every role of the stage that is acting, one batched call per policy; results by role and episode."""
+    """Generate for every role of the stage that is acting, one batched call per policy (per policy and system
+    message when roles of one policy have different ones); results by role and episode."""
     by_policy: dict[tuple[str, str | None], list[tuple[str, Episode]]] = defaultdict(list)
     for role in stage:  # roles of one policy share a call unless their system messages differ
         for ep in live:

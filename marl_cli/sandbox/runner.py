@@ -49,21 +49,24 @@ SCRIPT = "_marl_main.py"
 _MIB = 1024 * 1024
 _POLL_S = 0.1
 _SANDBOX_DIR = "/sandbox"
+_FILES_DIR = "/.marl-in"
+"""Where a bwrap run sees the run's files (read-only) that the bootstrap copies into its tmpfs work dir."""
 _CGROUP_PROCS = "/.marl-cgroup-procs"
 """Where a bwrap run sees its memory cgroup's ``cgroup.procs`` (the bootstrap enters it before dropping root)."""
 _SYSTEM_BINDS = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _OPT_IN = "apt-get install bubblewrap, or set sandbox.backend=rlimit to opt into rlimit-only isolation"
 _PREFIXES = "import sys; print(sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, sep='\\n')"
-_BOOTSTRAP = """\
+_BOOTSTRAP = f"""\
 import os, resource, sys
+files = {_FILES_DIR!r}
 cpu, mem, nproc, fsize, uid = map(int, sys.argv[1:6])
 if sys.argv[6] != "-":  # enter the run's memory cgroup: every process the run starts is counted together
     with open(sys.argv[6], "w") as procs:
         procs.write("0")
 copied = []
-for top, dirs, names in os.walk("/.marl-in"):  # bwrap: the run's files, copied into its size-capped tmpfs
-    here = os.path.relpath(top, "/.marl-in")
+for top, dirs, names in os.walk(files):  # bwrap: the run's files, copied into its size-capped tmpfs
+    here = os.path.relpath(top, files)
     for name in dirs:
         os.mkdir(os.path.join(here, name))
     for name in names:
@@ -201,7 +204,7 @@ class Sandbox:
         for key, value in env.items():
             args += ["--setenv", key, value]
         args += self._mounts
-        args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", workdir, "/.marl-in",
+        args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", workdir, _FILES_DIR,
                  "--perms", "01777", "--size", str(self.workdir_mb * _MIB), "--tmpfs", _SANDBOX_DIR,
                  "--chdir", _SANDBOX_DIR, *(["--bind", procs, _CGROUP_PROCS] if procs != "-" else []),
                  "--remount-ro", "/"]

@@ -56,8 +56,8 @@ def wandb_mode(requested: str) -> str:
 def wandb_identity(run_dir: Path, name: str, logger_cfg: Any, job_type: str) -> dict[str, Any]:
     """The W&B run's name, group, job type and tags: a sweep job (``.../<overrides>/seed=<n>``) is named by
     its overrides and seed and grouped with its seed repeats; ``logger.run_name``/``logger.group`` win."""
-    job = f"{run_dir.parent.name}/{run_dir.name}" if run_dir.name.startswith("seed=") else run_dir.name
     setup = run_dir.parent.name if run_dir.name.startswith("seed=") else None
+    job = f"{setup}/{run_dir.name}" if setup else run_dir.name
     return {"name": logger_cfg.get("run_name") or f"{name}/{job}",
             "group": logger_cfg.get("group") or (f"{name}/{setup}" if setup else name),
             "job_type": job_type, "tags": list(dict.fromkeys([*logger_cfg.tags, name]))}
