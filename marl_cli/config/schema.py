@@ -355,6 +355,9 @@ class TrainerConfig:
     is_clip_min: float | None = bounded(None, ge=0.0)
     num_iterations: int = bounded(1, ge=1)  # optimisation passes over each step's samples
     mini_batch_size: int = bounded(64, ge=1)  # rows per gradient step
+    # rows with advantage 0 are not back-propagated when beta=0 (their gradient is 0; the loss is re-weighted
+    # to the whole mini-batch's): the same update for less compute
+    skip_zero_advantage: bool = True
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more compute)
     log_ref_kl: bool = False  # also with beta=0: keep a frozen reference (the policy at RL start) and log kl_ref
     log_completions_every: int = bounded(10, ge=0)  # samples.jsonl completions every N steps; 0: never

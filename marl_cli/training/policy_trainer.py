@@ -7,7 +7,10 @@ temperature, the optimiser, the learning-rate scheduler and gradient clipping. E
 
 The step is TRL's and verl's: the old log-probs (the PPO ratio's denominator) of every mini-batch
 are computed before the first optimiser step, so they are the sampling policy's for the whole step;
-the reference is the policy as RL found it (after the warm start). A bf16/fp16 policy trains with
+the reference is the policy as RL found it (after the warm start). Rows whose gradient is zero (a zero
+advantage with β = 0, e.g. every row of an equal-reward group) get the forward passes of the diagnostics but
+no loss forward or backward: the others' loss is weighted by their share of the mini-batch's normaliser, so
+the update is the full mini-batch's. A bf16/fp16 policy trains with
 fp32 master weights and optimiser state under autocast. Every step reports what RL researchers look
 at: the sampler-vs-learner log-prob gap, entropy, KL to the old policy and to the reference, clip
 fractions and advantage statistics.
@@ -29,6 +32,12 @@ from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
+
+CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+"""The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""
+OWN_METRICS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+               "clip_ratio/low_min", "clip_ratio/high_max")
+"""TRL's metrics of the loss forward that marl computes itself over every row (TRL's see the trained rows only)."""
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -63,16 +72,65 @@ def mini_batches(rows: list[Sample], size: int, world: World) -> list[list[Sampl
     return batches
 
 
-def rank_weight(loss_type: str, mine: list[Sample], batch: list[Sample], world: World) -> float:
-    """What this rank's loss is multiplied by so that the ranks' mean gradient is the gradient of the whole
-    mini-batch's loss: ``size`` × this rank's share of the loss's normaliser (sequences for per-sequence
-    means, completion tokens for the token mean); the token-sum losses (dapo, cispo, vespo) are already
-    normalised by the whole mini-batch's token count (``num_items_in_batch``), per process."""
-    if world.size == 1 or loss_type in ("dapo", "cispo", "vespo"):
+def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], world: World) -> float:
+    """What the loss of ``trained`` (the rows this rank back-propagates) is multiplied by so that the ranks'
+    mean gradient is the gradient of the whole mini-batch ``batch``'s loss: ``size`` × their share of the loss's
+    normaliser (sequences for per-sequence means, completion tokens for the token mean); the token-sum losses
+    (dapo, cispo, vespo) are already normalised by the whole mini-batch's token count (``num_items_in_batch``),
+    per process. Rows left out of ``trained`` must contribute no gradient (a zero advantage with β = 0)."""
+    if loss_type in ("dapo", "cispo", "vespo"):
         return 1.0
     if loss_type == "bnpo":
-        return world.size * sum(len(s.completion_ids) for s in mine) / sum(len(s.completion_ids) for s in batch)
-    return world.size * len(mine) / len(batch)
+        return world.size * sum(len(s.completion_ids) for s in trained) / sum(len(s.completion_ids) for s in batch)
+    return world.size * len(trained) / len(batch)
+
+
+def with_gradient(rows: list[Sample], beta: float) -> list[int]:
+    """The indices of ``rows`` whose loss has a gradient: all of them with a KL penalty (β > 0), else those with
+    a non-zero advantage — every loss type multiplies each token's term by its row's advantage."""
+    if beta != 0.0:
+        return list(range(len(rows)))
+    return [i for i, s in enumerate(rows) if s.advantage != 0.0]
+
+
+def select_rows(batch: dict[str, torch.Tensor], index: list[int], zeroed: int = 0) -> dict[str, torch.Tensor]:
+    """The rows ``index`` of a collated mini-batch, cut to their own longest prompt (left) and completion (right);
+    the last ``zeroed`` of them (copies that only even out the ranks' batch sizes) get advantage 0."""
+    if index == list(range(len(batch["advantages"]))) and not zeroed:
+        return batch
+    rows = torch.tensor(index, device=batch["advantages"].device)
+    prompt_width = int(batch["prompt_mask"][rows].sum(1).max())
+    completion_width = int(batch["completion_mask"][rows].sum(1).max())
+    full_prompt, full_completion = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    out = {}
+    for key, value in batch.items():
+        if not torch.is_tensor(value) or value.dim() == 0:
+            out[key] = value
+            continue
+        value = value[rows]
+        if key.startswith("prompt_"):
+            value = value[:, full_prompt - prompt_width:]
+        elif value.dim() == 2 and value.size(1) == full_completion:
+            value = value[:, :completion_width]
+        out[key] = value
+    if zeroed:
+        out["advantages"][len(index) - zeroed:] = 0.0
+    return out
+
+
+def clip_fractions(old: torch.Tensor, new: torch.Tensor, batch: dict[str, torch.Tensor], low: float, high: float,
+                   tokens: float) -> dict[str, float]:
+    """TRL's clip fractions (a token is clipped low when its ratio is under 1 − ε_low with a negative advantage,
+    high when over 1 + ε_high with a positive one) over the ``tokens`` completion tokens of the whole mini-batch:
+    rows left out of ``batch`` have a zero advantage, so none of their tokens is clipped."""
+    ratio = torch.exp(new - old)
+    advantages = batch["advantages"].unsqueeze(1)
+    mask = batch["completion_mask"].bool()
+    low_clipped = (ratio < 1 - low) & (advantages < 0) & mask
+    high_clipped = (ratio > 1 + high) & (advantages > 0) & mask
+    return {"clip_ratio/low_mean": float(low_clipped.sum()) / tokens,
+            "clip_ratio/high_mean": float(high_clipped.sum()) / tokens,
+            "clip_ratio/region_mean": float((low_clipped | high_clipped).sum()) / tokens}
 
 
 def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch.Tensor) -> float:
@@ -169,12 +227,17 @@ class PolicyTrainer:
         return self.trl.lr_scheduler
 
     @torch.no_grad()
-    def _logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(self, model: Any, batch: dict[str, torch.Tensor],
+                 entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``model``'s per-token log-probs of ``batch``'s completions (and entropies with ``entropy``), no grad."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        logps, _, _ = self.trl._get_per_token_logps_and_entropies(model, input_ids, mask,
-                                                                 batch["completion_ids"].size(1))
-        return logps
+        logps, entropies, _ = self.trl._get_per_token_logps_and_entropies(
+            model, input_ids, mask, batch["completion_ids"].size(1), compute_entropy=entropy)
+        return logps, entropies
+
+    def _logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._forward(model, batch)[0]
 
     def _reference_logps(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.policy.adapter is None:
@@ -183,10 +246,13 @@ class PolicyTrainer:
             return self._logps(base, batch)
 
     def _prepare(self, batch: dict[str, torch.Tensor], stats: dict[str, list[float]]) -> None:
-        """The sampling policy's log-probs (and the reference's) for ``batch``, before any optimiser step."""
-        old = self._logps(self.model, batch)
+        """The sampling policy's log-probs and entropy (and the reference's log-probs) for ``batch``, before any
+        optimiser step."""
+        old, entropies = self._forward(self.model, batch, entropy=True)
         batch["old_per_token_logps"] = old
         mask = batch["completion_mask"]
+        share = self._token_share(batch)
+        stats["entropy"].append(float((entropies * mask).sum()) / share)
         sampled = batch["sampling_mask"].bool()
         if sampled.any():
             gap = (old - batch["sampling_logps"]).abs()[sampled]
@@ -219,6 +285,22 @@ class PolicyTrainer:
         stats["is_ratio/max"].append(float(kept.max()))
         return ratio
 
+    def _token_share(self, batch: dict[str, torch.Tensor]) -> float:
+        """The whole mini-batch's completion tokens over the ranks: a rank's token sum divided by it, averaged
+        over the ranks, is the whole mini-batch's token mean."""
+        return max(float(batch["num_items_in_batch"]), 1.0) / self.world.size
+
+    def _loss_stats(self, batch: dict[str, torch.Tensor], tokens: float, stats: dict[str, list[float]]) -> None:
+        """KL to the old policy over the rows just back-propagated, and clip fractions over the whole mini-batch's
+        tokens (``tokens``: its share per rank; the rows left out have a zero advantage, so none of their tokens
+        is clipped)."""
+        old, new = batch["old_per_token_logps"], self.trl.last_logps
+        stats["kl_old"].append(approx_kl(old, new, batch["completion_mask"]))
+        if self.cfg.loss_type in CLIPPED_LOSSES:
+            for key, value in clip_fractions(old, new, batch, self.trl.epsilon_low, self.trl.epsilon_high,
+                                             tokens).items():
+                stats[key].append(value)
+
     def update(self, samples: list[Sample], rng: random.Random) -> dict[str, float]:
         """One RL step for this policy: ``num_iterations`` passes of mini-batch gradient steps."""
         rows = [s for s in samples if s.keep]
@@ -232,17 +314,23 @@ class PolicyTrainer:
                 batch = collate(mine, pad_id, self.device)
                 tokens = sum(len(s.completion_ids) for s in whole)  # the token-sum losses' normaliser
                 batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
-                batch["weight"] = rank_weight(self.cfg.loss_type, mine, whole, self.world)
-                batches.append(batch)
+                trained = (with_gradient(mine, self.cfg.beta) if self.cfg.skip_zero_advantage
+                           else list(range(len(mine))))
+                # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows, at least
+                # one: zero-advantage copies fill up
+                zeroed = max(1, *self.world.gather(len(trained))) - len(trained)
+                index = trained + [trained[0] if trained else 0] * zeroed
+                weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world)
+                batches.append((batch, index, zeroed, weight))
             self.policy.activate()
             self.model.train()
-            for batch in batches:
+            for batch, *_ in batches:
                 self._prepare(batch, stats)
             for _ in range(self.cfg.num_iterations):
-                for batch in rng.sample(batches, len(batches)):
-                    loss = self.trl.compute_loss(self.model, batch) * batch["weight"]
-                    stats["kl_old"].append(approx_kl(batch["old_per_token_logps"], self.trl.last_logps,
-                                                     batch["completion_mask"]))
+                for whole, index, zeroed, weight in rng.sample(batches, len(batches)):
+                    batch = select_rows(whole, index, zeroed)
+                    loss = self.trl.compute_loss(self.model, batch) * weight
+                    self._loss_stats(batch, self._token_share(whole), stats)
                     self.trl.accelerator.backward(loss)
                     self.world.average_gradients(self.params)
                     norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
@@ -250,6 +338,7 @@ class PolicyTrainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     stats["loss"].append(loss.item())
                     stats["grad_norm"].append(float(norm))
+                    stats["trained_row_fraction"].append((len(index) - zeroed) / len(whole["advantages"]))
             self.policy.mark_updated()
             advantages = torch.tensor([s.advantage for s in rows])
             stats["advantage/mean"].append(float(advantages.mean()))
@@ -260,7 +349,7 @@ class PolicyTrainer:
         out = {k: (max(v) if k.endswith("/max") else min(v) if k.endswith("/min") else sum(v) / len(v))
                for k, v in stats.items() if v}
         for key, values in self.trl._metrics["train"].items():
-            if values:
+            if values and key not in OWN_METRICS:
                 out[key] = sum(values) / len(values)
         self.trl._metrics["train"].clear()
         out["learning_rate"] = lr

@@ -21,7 +21,7 @@ from marl_cli.config.validate import _check_processes
 from marl_cli.policies.regime import build_policies
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World, init_from_launcher
-from marl_cli.training.policy_trainer import PolicyTrainer, mini_batches, rank_weight
+from marl_cli.training.policy_trainer import PolicyTrainer, loss_weight, mini_batches
 from tests.helpers import train_config
 from tests.policies.test_tiny import SMALL
 
@@ -33,8 +33,8 @@ def _rows(step: int) -> list[Sample]:
     return [Sample(task=i // 2, branch=i % 2, turn=0, role="agent", policy="shared",
                    prompt_ids=[gen.randrange(3, 60) for _ in range(gen.randint(2, 6))],
                    completion_ids=[gen.randrange(3, 60) for _ in range(gen.randint(1, 7))],
-                   reward=0.0, advantage=gen.uniform(-1, 1), sampling_logprobs=[])
-            for i in range(10)]
+                   reward=0.0, advantage=0.0 if i < 4 or i == 5 else gen.uniform(-1, 1), sampling_logprobs=[])
+            for i in range(10)]  # mini-batches of 4: the first all zero advantages, the second one (skipped rows)
 
 
 def _train(tmp: str, loss_type: str, world: World) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
@@ -75,18 +75,18 @@ def test_two_process_update_equals_one_process_update(tmp_path):
             torch.testing.assert_close(weights2[key], value, atol=2e-6, rtol=1e-5, msg=f"{loss_type}: {key}")
         for one, two_step in zip(stats, stats2, strict=True):
             assert one["mini_batches"] == two_step["mini_batches"] == 3
-            for key in ("loss", "grad_norm", "entropy", "advantage/mean"):  # exact: global over the ranks
+            for key in ("loss", "grad_norm", "entropy", "advantage/mean", "clip_ratio/region_mean"):  # global
                 assert two_step[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (loss_type, key)
             # per-token diagnostics are the mean of each rank's masked mean (not token-weighted across ranks)
             assert two_step["kl_ref"] == pytest.approx(one["kl_ref"], rel=0.1)
 
 
-def test_rank_weights_add_up_to_the_whole_batch():
+def test_loss_weights_add_up_to_the_whole_batch():
     batch = _rows(0)[:5]
     for loss_type in ("bnpo", "grpo", "dr_grpo"):
-        weights = [rank_weight(loss_type, World(r, 2).share(batch), batch, World(r, 2)) for r in range(2)]
+        weights = [loss_weight(loss_type, World(r, 2).share(batch), batch, World(r, 2)) for r in range(2)]
         assert sum(weights) == pytest.approx(2.0)  # the ranks' mean gradient is the whole batch's
-    assert rank_weight("dapo", batch[:2], batch, World(0, 2)) == 1.0  # normalised by num_items_in_batch
+    assert loss_weight("dapo", batch[:2], batch, World(0, 2)) == 1.0  # normalised by num_items_in_batch
 
 
 def test_a_last_mini_batch_too_small_for_every_rank_joins_the_one_before():

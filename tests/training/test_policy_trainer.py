@@ -137,3 +137,47 @@ def test_importance_sampling_correction_weights_the_loss_as_trl_defines_it(polic
         lengths = [len(r.completion_ids) for r in rows]
         assert stats["is_ratio/max"][0] == pytest.approx(min(3.0, 1.1 ** max(lengths)), rel=1e-5)
         assert losses[1] != pytest.approx(losses[0])
+
+
+def _mixed_rows(step):
+    """Rows of varied lengths, a third of them with advantage 0, one mini-batch (of 3) all zero."""
+    gen = random.Random(step)
+    advantages = [gen.uniform(-1, 1) if i % 3 else 0.0 for i in range(9)] + [0.0, 0.0, 0.0]
+    return [Sample(task=i // 3, branch=i % 3, turn=0, role="agent", policy="shared",
+                   prompt_ids=[gen.randrange(3, 60) for _ in range(gen.randint(2, 9))],
+                   completion_ids=[gen.randrange(3, 60) for _ in range(gen.randint(1, 8))],
+                   reward=0.0, advantage=a) for i, a in enumerate(advantages)]
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo"])
+def test_skipping_zero_advantage_rows_gives_the_same_update(tmp_path, loss_type):
+    results = {}
+    for skip in (False, True):
+        model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
+        policy = build_policies({"agent": "shared"}, model_cfg, 0, tmp_path / str(skip), torch.device("cpu"))["shared"]
+        t = _trainer(policy, tmp_path / str(skip), loss_type=loss_type, mini_batch_size=3, learning_rate=5e-3,
+                     skip_zero_advantage=skip)
+        seen = []
+
+        def spy(model, batch, compute_loss=t.trl.compute_loss, seen=seen):
+            seen.append(len(batch["advantages"]))
+            return compute_loss(model, batch)
+
+        t.trl.compute_loss = spy
+        stats = [t.update(_mixed_rows(step), random.Random(step)) for step in range(3)]
+        results[skip] = ({k: v.clone() for k, v in policy.model.state_dict().items()}, stats, seen)
+    (full, full_stats, full_seen), (skipped, skip_stats, skip_seen) = results[False], results[True]
+    assert sum(full_seen) == 36 and sum(skip_seen) == 3 * (6 + 1)  # 6 rows with a gradient, 1 copy for the zero batch
+    for key, value in full.items():
+        torch.testing.assert_close(skipped[key], value, atol=5e-6, rtol=1e-5, msg=key)  # float order; Adam at lr 5e-3
+    for one, other in zip(full_stats, skip_stats, strict=True):
+        for key in ("loss", "grad_norm", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean"):
+            if key in one:
+                assert other[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), key
+        assert one["trained_row_fraction"] == 1.0 and other["trained_row_fraction"] < 0.6
+    assert any(s.get("clip_ratio/region_mean", 1) > 0 for s in full_stats)  # ratios leave [0.8, 1.2]
+
+
+def test_with_a_kl_penalty_every_row_is_trained(policy, tmp_path):
+    t = _trainer(policy, tmp_path, beta=0.1, mini_batch_size=12)
+    assert t.update(_mixed_rows(0), random.Random(0))["trained_row_fraction"] == 1.0
