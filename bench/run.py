@@ -2,13 +2,13 @@
 
 Measures, with each experiment's composed settings (the embedded single-agent run, the toy AT-GRPO
 tree run and the toy M-GRPO run by default): batched sampling of one step (completions and tokens per
-second, generate calls), the per-policy update of that step's rows, the greedy evaluation, sandbox
-throughput when the run executes code, the SQLite store's write/read/acknowledge throughput for
-sub-trajectory-sized items, and the process's peak RSS. ``--backends`` (``make bench-vllm``, in the
-vLLM venv) compares the rollout backends instead: vLLM against HF ``generate`` on the same prompts, for
-the tiny model and a Qwen2.5-0.5B-shaped one, in completion tokens per second.
-Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``).
-"""
+second, generate calls), the per-policy update of that step's rows (and the same update with its
+zero-advantage rows back-propagated too), the greedy evaluation, sandbox throughput when the run executes
+code, the SQLite store's write/read/acknowledge throughput for sub-trajectory-sized items, and the
+process's peak RSS. ``--backends`` (``make bench-vllm``, in the vLLM venv) compares the rollout backends
+instead: vLLM against HF ``generate`` on the same prompts, for the tiny model and a Qwen2.5-0.5B-shaped
+one, in completion tokens per second.
+Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
@@ -59,8 +60,10 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         if run.adapters_pending:
             run.attach_adapters()
         policies = run.policies
-        trainers = {name: PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
-                                        Path(tmp) / "trl" / name, cfg.seed) for name, policy in policies.items()}
+        full = OmegaConf.merge(cfg.trainer, {"skip_zero_advantage": False})
+        trainers, full_trainers = ({name: PolicyTrainer(policy, trainer_cfg, cfg.rollout.temperature,
+                                                        cfg.rollout.max_new_tokens, Path(tmp) / "trl" / name, cfg.seed)
+                                    for name, policy in policies.items()} for trainer_cfg in (cfg.trainer, full))
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
         sampling = run.train_sampling
         rollout_s, result = timed(lambda: run_episodes(workflow, policies, role_map, tasks,
@@ -68,8 +71,10 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
                                                        cfg.algorithm.mode, cfg.algorithm.selection,
                                                        random.Random(0)), repeats)
         rows, _ = ALGORITHMS.get(cfg.algorithm.name).advantages(result.samples, cfg.algorithm, random.Random(0), None)
-        update_s, _ = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
-                                     for n, t in trainers.items()], repeats)
+        update_s, stats = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
+                                         for n, t in trainers.items()], repeats)
+        update_full_s, _ = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
+                                          for n, t in full_trainers.items()], repeats)
         eval_s, _ = timed(lambda: evaluate(run), repeats)
     tokens = sum(len(s.completion_ids) for s in rows)
     report.update({
@@ -80,6 +85,8 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         "rollout_tokens_per_s": tokens / rollout_s,
         "update_s": update_s,
         "update_rows_per_s": len(rows) / update_s,
+        "update_trained_row_fraction": statistics.mean(s.get("trained_row_fraction", 0.0) for s in stats),
+        "update_every_row_s": update_full_s,  # trainer.skip_zero_advantage=false: zero-advantage rows back-propagated
         "eval_greedy_s": eval_s,
     })
     if sandbox is not None:
