@@ -85,10 +85,11 @@ def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], worl
     return world.size * len(trained) / len(batch)
 
 
-def with_gradient(rows: list[Sample], beta: float) -> list[int]:
-    """The indices of ``rows`` whose loss has a gradient: all of them with a KL penalty (β > 0), else those with
-    a non-zero advantage — every loss type multiplies each token's term by its row's advantage."""
-    if beta != 0.0:
+def with_gradient(rows: list[Sample], beta: float, skip_zero_advantage: bool = True) -> list[int]:
+    """The indices of ``rows`` to back-propagate: all of them with a KL penalty (β > 0) or unless
+    ``skip_zero_advantage``, else those with a non-zero advantage — every loss type multiplies each token's term
+    by its row's advantage, so the others have no gradient."""
+    if beta != 0.0 or not skip_zero_advantage:
         return list(range(len(rows)))
     return [i for i, s in enumerate(rows) if s.advantage != 0.0]
 
@@ -251,8 +252,7 @@ class PolicyTrainer:
         old, entropies = self._forward(self.model, batch, entropy=True)
         batch["old_per_token_logps"] = old
         mask = batch["completion_mask"]
-        share = self._token_share(batch)
-        stats["entropy"].append(float((entropies * mask).sum()) / share)
+        stats["entropy"].append(float((entropies * mask).sum()) / self._token_share(batch))
         sampled = batch["sampling_mask"].bool()
         if sampled.any():
             gap = (old - batch["sampling_logps"]).abs()[sampled]
@@ -308,18 +308,19 @@ class PolicyTrainer:
         stats: dict[str, list[float]] = defaultdict(list)
         if len(rows) >= self.world.size:
             pad_id = self.policy.tokenizer.pad_token_id
+            wholes = mini_batches(rows, self.cfg.mini_batch_size, self.world)
+            shares = [self.world.share(whole) for whole in wholes]
+            trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage) for mine in shares]
+            # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows of each
+            # mini-batch, at least one: zero-advantage copies fill up
+            counts = [max(1, *n) for n in zip(*self.world.gather([len(t) for t in trained]), strict=True)]
             batches = []
-            for whole in mini_batches(rows, self.cfg.mini_batch_size, self.world):
-                mine = self.world.share(whole)
+            for whole, mine, kept, count in zip(wholes, shares, trained, counts, strict=True):
                 batch = collate(mine, pad_id, self.device)
                 tokens = sum(len(s.completion_ids) for s in whole)  # the token-sum losses' normaliser
                 batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
-                trained = (with_gradient(mine, self.cfg.beta) if self.cfg.skip_zero_advantage
-                           else list(range(len(mine))))
-                # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows, at least
-                # one: zero-advantage copies fill up
-                zeroed = max(1, *self.world.gather(len(trained))) - len(trained)
-                index = trained + [trained[0] if trained else 0] * zeroed
+                zeroed = count - len(kept)
+                index = kept + [kept[0] if kept else 0] * zeroed
                 weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world)
                 batches.append((batch, index, zeroed, weight))
             self.policy.activate()
