@@ -58,6 +58,13 @@ def sampling_from(rollout: Any, model_cfg: Any, temperature: float) -> Sampling:
                     chat_template_kwargs=OmegaConf.to_container(model_cfg.chat_template_kwargs))
 
 
+def init_seed(cfg: DictConfig) -> int:
+    """The seed the policies' initial weights come from: ``trainer.warmstart.seed`` when a pinned warm start
+    trains them, else the run seed."""
+    ws = cfg.trainer.warmstart
+    return ws.seed if ws.enabled and ws.seed is not None else cfg.seed
+
+
 def build_team(cfg: DictConfig) -> Workflow:
     """The workflow over its environment, with a sandbox when either executes model-written code."""
     runs_code = any(getattr(registry.get(name), "runs_code", False)
@@ -127,7 +134,7 @@ def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, 
     device = placement(cfg, role_map)
     owned = {r: p for r, p in role_map.items() if roles is None or r in roles}
     if load is None:
-        policies = build_policies(owned, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name,
+        policies = build_policies(owned, cfg.model, init_seed(cfg), run_dir, device, None, cfg.policy.name,
                                   master_weights=True)
     else:
         policies = load(owned, device)

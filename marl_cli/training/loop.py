@@ -33,7 +33,7 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
-from marl_cli.training.build import PolicyLoader, Run, build_run
+from marl_cli.training.build import PolicyLoader, Run, build_run, init_seed
 from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
@@ -76,7 +76,7 @@ def policy_loader(cfg: DictConfig, run_dir: Path, checkpoint: Path | None) -> Po
             sources = resume_sources(cfg.policy, run_dir, checkpoint, names)
         elif cfg.trainer.init_from:
             sources = initial_policies(Path(cfg.trainer.init_from), names)
-        return build_policies(owned, cfg.model, cfg.seed, run_dir, device, sources, cfg.policy.name,
+        return build_policies(owned, cfg.model, init_seed(cfg), run_dir, device, sources, cfg.policy.name,
                               master_weights=True)
 
     return load

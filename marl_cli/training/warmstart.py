@@ -23,7 +23,7 @@ from trl import SFTConfig, SFTTrainer
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.generation import Sampling
-from marl_cli.training.build import sampling_from
+from marl_cli.training.build import build_team, init_seed, sampling_from
 from marl_cli.training.distributed import World
 from marl_cli.workflows.base import Workflow
 
@@ -134,12 +134,12 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, sampling: Sampling,
 
 def warm_start_key(cfg: DictConfig, roles: list[str]) -> str:
     """What decides a warm start's weights: the model, env (but its eval size), workflow, warm-start
-    settings, seed and the roles whose demonstrations it trains on."""
+    settings, its seed (``init_seed``) and the roles whose demonstrations it trains on."""
     parts: dict[str, Any] = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "env", "workflow")}
     parts["env"].pop("eval_size", None)
     parts["warmstart"] = {k: v for k, v in OmegaConf.to_container(cfg.trainer.warmstart, resolve=True).items()
                           if k != "cache"}
-    parts.update(seed=cfg.seed, roles=roles, sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True))
+    parts.update(seed=init_seed(cfg), roles=roles, sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True))
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -158,7 +158,9 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
 
     def train() -> dict[str, float]:
         sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
-        return warm_start(policy, workflow, ws, sampling, output_dir, cfg.seed, cfg.progress, world)
+        seed = init_seed(cfg)  # a pinned warm-start seed draws its demonstrations from its own tasks
+        team = workflow if seed == cfg.seed else build_team(OmegaConf.merge(cfg, {"seed": seed}))
+        return warm_start(policy, team, ws, sampling, output_dir, seed, cfg.progress, world)
 
     if not ws.cache:
         return train()

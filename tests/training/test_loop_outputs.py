@@ -137,6 +137,21 @@ def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
     assert warm_start_all(policies, workflow, cfg, tmp_path / "s1")["warmstart/base/cached"] == 0.0
 
 
+def test_a_pinned_warm_start_seed_gives_every_run_seed_the_same_warm_start(tmp_path):
+    few = ("trainer.warmstart.num_examples=24", "trainer.warmstart.epochs=1", "env.eval_size=3")
+    warmed = {}
+    for seed, pinned in ((0, None), (1, 0), (2, 0), (1, None)):
+        cfg = _cfg(*few, f"seed={seed}", f"trainer.warmstart.seed={'null' if pinned is None else pinned}")
+        run = build_run(cfg, tmp_path / f"{seed}-{pinned}")
+        warm_start_all(run.policies, run.workflow, cfg, run.run_dir)
+        warmed[seed, pinned] = (run.policies["tool"].model.state_dict(), run.workflow.env.task("train", 0))
+    reference, _ = warmed[0, None]
+    for key in ((1, 0), (2, 0)):
+        assert all(torch.equal(reference[k], v) for k, v in warmed[key][0].items())
+    assert any(not torch.equal(reference[k], v) for k, v in warmed[1, None][0].items())
+    assert warmed[1, 0][1] != warmed[2, 0][1]  # the RL tasks still follow the run seed
+
+
 def test_per_role_policies_are_placed_on_their_devices_in_turn(tmp_path):
     cfg = _cfg("policy.devices=[cpu,cpu]", "trainer.warmstart.enabled=false")
     run = build_run(cfg, tmp_path)
