@@ -26,6 +26,10 @@ from marl_cli.config.schema import ResearchWorkflowConfig
 from marl_cli.rollout.samples import Sample
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
+SUB_RULES = ("Tools: search: <words> lists matching documents; open: <doc id> shows a document; "
+             "result: <text> returns your finding to the main agent.")
+"""The sub-agent's ``{rules}``: its own tools (the env's rules end the episode with ``answer``, which a sub-agent
+does not have)."""
 _ACTION = re.compile(r"^[ \t]*(search|open|result|call|answer)[ \t]*:[ \t]*(\S[^\n]*?)[ \t]*$", re.I | re.M)
 
 
@@ -150,7 +154,8 @@ class DeepResearchWorkflow(ResearchWorkflow):
             findings = "\n".join(f"{c.subtask} -> {c.result if c.result is not None else 'no result'}"
                                  for c in state.calls) or "none"
             return self.render(role, state, {"findings": findings})
-        return self.render(role, state, {"subtask": state.active.subtask, "history": state.active.history()})
+        return self.render(role, state, {"rules": SUB_RULES, "subtask": state.active.subtask,
+                                         "history": state.active.history()})
 
     def act(self, role: str, state: TeamState, text: str) -> Outcome:
         if role == self.main:

@@ -87,6 +87,7 @@ def test_sub_sees_its_task_and_tool_observations_main_sees_findings():
     state = workflow.act("sub", state, f"search: {task.hops[0].subtask}").state
     prompt = workflow.prompt("sub", state)
     assert f"Task: {task.hops[0].subtask}" in prompt and "=> [d" in prompt
+    assert "result: <text>" in prompt and "answer:" not in prompt  # the sub-agent's own tools, no answer
     state = workflow.act("sub", state, "result: somebody").state
     assert "Findings:\n" + f"{task.hops[0].subtask} -> somebody" in workflow.prompt("main", state)
     assert state.calls[0].expert == 0.0 and workflow.segment("sub", state) == 1
@@ -141,6 +142,7 @@ def test_solo_oracle_uses_every_tool_and_scores_like_the_main_agent():
     workflow.settle(state, rows)
     assert all(r.reward == pytest.approx(1.0) for r in rows)
     assert "=> [d" in workflow.prompt("agent", replace(state, done=False))
+    assert "answer: <text>" in workflow.prompt("agent", replace(state, done=False))
 
 
 def test_engine_batches_main_and_sub_of_different_episodes_per_policy():
