@@ -33,6 +33,8 @@ from marl_cli.envs.web_search import WebSearch
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
+SEARCH_TOOLS = "Tools: search: <words> lists matching documents; open: <doc id> shows a document;"
+"""How ``rules`` describe the two search tools; each agent's rules add the action that ends its work."""
 _SUBTASK = re.compile(r"(?:the )?([a-z]+) of (.+)", re.IGNORECASE)
 
 
@@ -134,8 +136,7 @@ class ResearchEnv(Env):
     # --- episode -----------------------------------------------------------------------------------
 
     def rules(self) -> str:
-        return ("Tools: search: <words> lists matching documents; open: <doc id> shows a document; "
-                "answer: <text> gives the final answer.")
+        return f"{SEARCH_TOOLS} answer: <text> gives the final answer."
 
     def initial_state(self, task: ResearchTask) -> ResearchState:
         return ResearchState(task)

@@ -65,12 +65,14 @@ def init_seed(cfg: DictConfig) -> int:
     return ws.seed if ws.enabled and ws.seed is not None else cfg.seed
 
 
-def build_team(cfg: DictConfig) -> Workflow:
-    """The workflow over its environment, with a sandbox when either executes model-written code."""
+def build_team(cfg: DictConfig, seed: int | None = None, sandbox: Sandbox | None = None) -> Workflow:
+    """The workflow over its environment seeded by ``seed`` (default: the run seed), with ``sandbox`` (default:
+    a new one when either executes model-written code)."""
     runs_code = any(getattr(registry.get(name), "runs_code", False)
                     for registry, name in ((ENVS, cfg.env.name), (WORKFLOWS, cfg.workflow.name)))
-    sandbox = Sandbox(cfg.sandbox) if runs_code else None
-    return build_workflow(cfg.workflow, build_env(cfg.env, cfg.seed, sandbox))
+    if sandbox is None and runs_code:
+        sandbox = Sandbox(cfg.sandbox)
+    return build_workflow(cfg.workflow, build_env(cfg.env, cfg.seed if seed is None else seed, sandbox))
 
 
 @dataclass

@@ -21,12 +21,10 @@ from transformers import PrinterCallback, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.envs import build_env
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.generation import Sampling
-from marl_cli.training.build import init_seed, sampling_from
+from marl_cli.training.build import build_team, init_seed, sampling_from
 from marl_cli.training.distributed import World
-from marl_cli.workflows import build_workflow
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
@@ -161,8 +159,7 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
     def train() -> dict[str, float]:
         sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
         seed = init_seed(cfg)  # a pinned warm-start seed draws its demonstrations from its own tasks
-        team = workflow if seed == cfg.seed else build_workflow(cfg.workflow,
-                                                                 build_env(cfg.env, seed, workflow.env.sandbox))
+        team = workflow if seed == cfg.seed else build_team(cfg, seed, workflow.env.sandbox)
         return warm_start(policy, team, ws, sampling, output_dir, seed, cfg.progress, world)
 
     if not ws.cache:

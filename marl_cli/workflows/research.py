@@ -23,11 +23,11 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ResearchWorkflowConfig
+from marl_cli.envs.research import SEARCH_TOOLS
 from marl_cli.rollout.samples import Sample
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
-SUB_RULES = ("Tools: search: <words> lists matching documents; open: <doc id> shows a document; "
-             "result: <text> returns your finding to the main agent.")
+SUB_RULES = f"{SEARCH_TOOLS} result: <text> returns your finding to the main agent."
 """The sub-agent's ``{rules}``: its own tools (the env's rules end the episode with ``answer``, which a sub-agent
 does not have)."""
 _ACTION = re.compile(r"^[ \t]*(search|open|result|call|answer)[ \t]*:[ \t]*(\S[^\n]*?)[ \t]*$", re.I | re.M)
