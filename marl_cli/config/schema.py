@@ -401,6 +401,9 @@ class SandboxConfig:
     file_size_mb: int = bounded(16, ge=1)
     workdir_mb: int = bounded(64, ge=1)  # bwrap: the work dir is a tmpfs of this size (all its files together)
     python: str = ""  # interpreter inside the sandbox; empty: the one running marl
+    # run each distinct (program, stdin) of a batch once and give its result to every copy (a group's K samples
+    # often write the same program); only for deterministic programs: copies share one draw of any randomness
+    share_identical: bool = False
 
 
 @dataclass

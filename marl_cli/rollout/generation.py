@@ -5,7 +5,8 @@ What comes back is exactly what was sampled: the prompt as the model saw it (a p
 including the first end token (every end token the model's generation config names, plus the
 tokenizer's EOS), or all ``max_new_tokens`` when none came. With each completion come the sampler's
 log-probabilities of its tokens, taken from the logits after temperature, top-k and top-p, which is
-what the learner's log-probabilities are checked against.
+what the learner's log-probabilities are checked against. A prompt that several rows share (a group's K
+samples) is prefilled once (``rollout/prefix.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
+from marl_cli.rollout.prefix import shared_prompt_cache
 
 
 @dataclass
@@ -159,9 +161,11 @@ class HFGenerator:
             kwargs = {"do_sample": False} if sampling.temperature <= 0 else {
                 "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0}
             with compute_precision(policy):
+                cache = shared_prompt_cache(model, input_ids, attention_mask) or {}  # a group's prompt once
                 out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                      max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                     eos_token_id=ends, logits_processor=LogitsProcessorList([recorder]), **kwargs)
+                                     eos_token_id=ends, logits_processor=LogitsProcessorList([recorder]),
+                                     **cache, **kwargs)
             self.calls += 1
             generated = out[:, input_ids.shape[1]:]
             logprobs = recorder.finish(generated[:, -1]) if generated.shape[1] else None

@@ -10,7 +10,8 @@ are computed before the first optimiser step, so they are the sampling policy's 
 the reference is the policy as RL found it (after the warm start). Rows whose gradient is zero (a zero
 advantage with β = 0, e.g. every row of an equal-reward group) get the forward passes of the diagnostics but
 no loss forward or backward: the others' loss is weighted by their share of the mini-batch's normaliser, so
-the update is the full mini-batch's. A bf16/fp16 policy trains with
+the update is the full mini-batch's. Rows that share a prompt run it through the model once, in the
+scoring and in the loss (``shared_prompt_forward``). A bf16/fp16 policy trains with
 fp32 master weights and optimiser state under autocast. Every step reports what RL researchers look
 at: the sampler-vs-learner log-prob gap, entropy, KL to the old policy and to the reference, clip
 fractions and advantage statistics.
@@ -30,6 +31,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
+from marl_cli.rollout.prefix import shared_prompt_cache
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
 
@@ -141,13 +143,44 @@ def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch
     return float((per_token * mask).sum() / mask.sum().clamp(min=1))
 
 
+def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                          entropy: bool, autocast: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens of each row (the completion),
+    each distinct prompt running once (``shared_prompt_cache``), scored by TRL's fused head as its own forward
+    scores them: the same numbers up to float rounding; gradients flow through the cache's copies back to the
+    shared prompt pass. None where ``shared_prompt_cache`` is (the caller then runs TRL's forward)."""
+    width = input_ids.size(1) - logits_to_keep
+    with autocast():
+        cache = shared_prompt_cache(model, input_ids[:, :width], attention_mask[:, :width])
+        if cache is None:
+            return None
+        tail = input_ids[:, width - 1:]
+        labels = tail.masked_fill(attention_mask[:, width - 1:] == 0, -100)
+        labels[:, 0] = -100
+        out = model(input_ids=tail, attention_mask=attention_mask, labels=labels, fused_lm_head=True, **cache)
+    return out.log_probs, (out.entropy if entropy else None)
+
+
 class _GRPOLoss(GRPOTrainer):
-    """TRL's GRPOTrainer, remembering the per-token log-probs of its last forward (for the KL to the old policy)."""
+    """TRL's GRPOTrainer, remembering the per-token log-probs of its last forward (for the KL to the old policy)
+    and running a prompt that several rows share once."""
 
     last_logps: torch.Tensor | None = None
 
-    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
-        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                           logits_to_keep: int, batch_size: int | None = None,
+                                           compute_entropy: bool = False, **kwargs: Any) -> Any:
+        """TRL's, except that rows sharing a prompt share its forward pass (``shared_prompt_forward``; text-only
+        inputs without TRL's MoE auxiliary loss)."""
+        shared = None
+        if not any(value is not None and value is not False for value in kwargs.values()):
+            shared = shared_prompt_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy,
+                                           self.accelerator.autocast)
+        if shared is not None:
+            out = (*shared, None)
+        else:
+            out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                             batch_size, compute_entropy, **kwargs)
         self.last_logps = out[0].detach()
         return out
 

@@ -195,6 +195,18 @@ def test_run_many_keeps_order_and_runs_concurrently(sandbox):
     assert sandbox.run_many([]) == []
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_share_identical_runs_each_distinct_program_once(share):
+    sandbox = Sandbox(OmegaConf.structured(SandboxConfig(**LIMITS, share_identical=share)))
+    draw = "import random\nprint(random.random())"
+    jobs = [(draw, ""), ("print(1)", ""), (draw, ""), ("print(1)", "x"), (draw, "")]
+    results = sandbox.run_many(jobs)
+    assert [r.stdout for r in results][1::2] == ["1\n", "1\n"]
+    assert all(r.ok for r in results)
+    draws = {results[i].stdout for i in (0, 2, 4)}
+    assert len(draws) == (1 if share else 3)  # shared: the copies get the one run's output
+
+
 def test_file_names_must_stay_inside(sandbox):
     for name in ("/etc/x.py", "../x.py", ""):
         with pytest.raises(ValueError):

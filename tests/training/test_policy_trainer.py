@@ -4,9 +4,10 @@ from collections import defaultdict
 import pytest
 import torch
 from omegaconf import OmegaConf
+from trl import GRPOTrainer
 
-from marl_cli.config.schema import ModelConfig, TrainerConfig
-from marl_cli.policies.regime import build_policies
+from marl_cli.config.schema import ModelConfig, PolicyConfig, TrainerConfig
+from marl_cli.policies.regime import attach_adapters, build_policies
 from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.policy_trainer import PolicyTrainer, collate
@@ -181,3 +182,81 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tmp_path, loss_type)
 def test_with_a_kl_penalty_every_row_is_trained(policy, tmp_path):
     t = _trainer(policy, tmp_path, beta=0.1, mini_batch_size=12)
     assert t.update(_mixed_rows(0), random.Random(0))["trained_row_fraction"] == 1.0
+
+
+def _grouped_rows(seed):
+    """Groups of rows sharing a prompt (K samples of one task), prompts and completions of varied lengths."""
+    gen = random.Random(seed)
+    prompts = [[gen.randrange(3, 60) for _ in range(gen.randint(2, 9))] for _ in range(3)]
+    return [Sample(task=i // 4, branch=i % 4, turn=0, role="agent", policy="shared", prompt_ids=prompts[i // 4],
+                   completion_ids=[gen.randrange(3, 60) for _ in range(gen.randint(1, 8))], reward=0.0,
+                   advantage=gen.uniform(-1, 1)) for i in range(12)]
+
+
+def _plain(t, model, batch, entropy=False):
+    """TRL's own forward over every row (no prompt sharing)."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    return GRPOTrainer._get_per_token_logps_and_entropies(t.trl, model, input_ids, mask,
+                                                          batch["completion_ids"].size(1), compute_entropy=entropy)
+
+
+@pytest.mark.parametrize("regime", ["shared", "lora_per_role"])
+def test_rows_sharing_a_prompt_score_as_trls_forward_does(tmp_path, regime):
+    model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
+    roles = {"agent": "agent", "other": "other"}
+    policy = build_policies(roles, model_cfg, 0, tmp_path, torch.device("cpu"), regime=regime)
+    policy = next(iter(policy.values()))
+    if regime == "lora_per_role":
+        policy = attach_adapters(policy, roles, OmegaConf.structured(PolicyConfig(name=regime)), tmp_path)["agent"]
+        with torch.no_grad():  # adapters start as the identity: give this one weights of its own
+            for name, param in policy.model.named_parameters():
+                if "lora_B.agent" in name:
+                    param.normal_(0, 0.1)
+    t = _trainer(policy, tmp_path)
+    policy.activate()
+    batch = collate(_grouped_rows(0), policy.tokenizer.pad_token_id, torch.device("cpu"))
+    calls = []
+    model = t.model
+    original = model.forward
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return original(*args, **kwargs)
+
+    model.forward = counting
+    shared_logps, shared_entropy = t._forward(model, batch, entropy=True)
+    model.forward = original
+    assert calls[0][0] == 3 and calls[1][0] == 12  # the three prompts once, then every row's completion
+    with torch.no_grad():
+        logps, entropy, _ = _plain(t, model, batch, entropy=True)
+    torch.testing.assert_close(shared_logps, logps, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared_entropy, entropy, atol=1e-5, rtol=1e-5)
+    assert (shared_logps[batch["completion_mask"] == 0] == 0).all()
+
+
+def test_the_loss_through_a_shared_prompt_has_trls_gradient(policy, tmp_path, monkeypatch):
+    t = _trainer(policy, tmp_path)
+    batch = collate(_grouped_rows(2), policy.tokenizer.pad_token_id, torch.device("cpu"))
+    t._prepare(batch, defaultdict(list))
+    grads = {}
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr("marl_cli.training.policy_trainer.shared_prompt_forward", lambda *a, **k: None)
+        t.model.train()
+        t.model.zero_grad()
+        t.trl.compute_loss(t.model, batch).backward()
+        grads[shared] = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys() and grads[True]
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_gradient_checkpointing_in_train_mode_falls_back_to_the_plain_forward(policy, tmp_path):
+    t = _trainer(policy, tmp_path, gradient_checkpointing=True)
+    t.model.train()
+    batch = collate(_grouped_rows(1), policy.tokenizer.pad_token_id, torch.device("cpu"))
+    logps, _ = t._forward(t.model, batch)
+    with torch.no_grad():
+        plain, _, _ = _plain(t, t.model, batch)
+    torch.testing.assert_close(logps, plain, atol=1e-5, rtol=1e-5)

@@ -63,6 +63,26 @@ def test_old_logprobs_of_every_mini_batch_are_the_samplers(tmp_path):
     assert stats["mini_batches"] == 3
 
 
+def test_a_groups_prompt_is_prefilled_once_and_samples_as_without_sharing(tmp_path, monkeypatch):
+    policy = _policy(tmp_path)
+    prefills = []
+    original = policy.model.forward
+
+    def counting(*args, **kwargs):
+        if kwargs.get("logits_to_keep") == 1 and kwargs.get("use_cache"):
+            prefills.append(len(kwargs["input_ids"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(policy.model, "forward", counting)
+    shared = _sampled_rows(policy, n_per_prompt=4)
+    assert prefills == [len(PROMPTS)]  # 24 rows, each distinct prompt prefilled once
+    monkeypatch.setattr("marl_cli.rollout.generation.shared_prompt_cache", lambda *a, **k: None)
+    plain = _sampled_rows(policy, n_per_prompt=4)
+    assert [r.completion_ids for r in shared] == [r.completion_ids for r in plain]
+    for one, other in zip(shared, plain, strict=True):
+        assert one.sampling_logprobs == pytest.approx(other.sampling_logprobs, abs=1e-5)
+
+
 def test_long_prompt_keeps_its_end(tmp_path):
     policy = _policy(tmp_path)
     tail = "Answer after ####."
