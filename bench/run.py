@@ -3,7 +3,8 @@
 Measures, with each experiment's composed settings (the embedded single-agent run, the toy AT-GRPO
 tree run and the toy M-GRPO run by default): batched sampling of one step (completions and tokens per
 second, generate calls), the per-policy update of that step's rows (and the same update with its
-zero-advantage rows back-propagated too), the greedy evaluation, sandbox throughput when the run executes
+zero-advantage rows back-propagated too), both again with every row running its own prompt (no prompt
+sharing), the greedy evaluation, sandbox throughput when the run executes
 code, the SQLite store's write/read/acknowledge throughput for sub-trajectory-sized items, and the
 process's peak RSS. ``--backends`` (``make bench-vllm``, in the vLLM venv) compares the rollout backends
 instead: vLLM against HF ``generate`` on the same prompts, for the tiny model and a Qwen2.5-0.5B-shaped
@@ -21,6 +22,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -66,13 +68,21 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
                                     for name, policy in policies.items()} for trainer_cfg in (cfg.trainer, full))
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
         sampling = run.train_sampling
-        rollout_s, result = timed(lambda: run_episodes(workflow, policies, role_map, tasks,
-                                                       cfg.algorithm.num_generations, sampling, generator,
-                                                       cfg.algorithm.mode, cfg.algorithm.selection,
-                                                       random.Random(0)), repeats)
+        def rollout() -> object:
+            return run_episodes(workflow, policies, role_map, tasks, cfg.algorithm.num_generations, sampling,
+                                generator, cfg.algorithm.mode, cfg.algorithm.selection, random.Random(0))
+
+        rollout_s, result = timed(rollout, repeats)
         rows, _ = ALGORITHMS.get(cfg.algorithm.name).advantages(result.samples, cfg.algorithm, random.Random(0), None)
-        update_s, stats = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
-                                         for n, t in trainers.items()], repeats)
+
+        def update() -> list[dict[str, float]]:
+            return [t.update([r for r in rows if r.policy == n], random.Random(0)) for n, t in trainers.items()]
+
+        update_s, stats = timed(update, repeats)
+        with mock.patch("marl_cli.rollout.generation.shared_prompt_cache", return_value=None), \
+                mock.patch("marl_cli.training.policy_trainer.shared_prompt_forward", return_value=None):
+            rollout_unshared_s, _ = timed(rollout, repeats)
+            update_unshared_s, _ = timed(update, repeats)
         update_full_s, _ = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
                                           for n, t in full_trainers.items()], repeats)
         eval_s, _ = timed(lambda: evaluate(run), repeats)
@@ -87,6 +97,8 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         "update_rows_per_s": len(rows) / update_s,
         "update_trained_row_fraction": statistics.mean(s.get("trained_row_fraction", 0.0) for s in stats),
         "update_every_row_s": update_full_s,  # trainer.skip_zero_advantage=false: zero-advantage rows back-propagated
+        "rollout_unshared_prompts_s": rollout_unshared_s,  # each row's prompt prefilled on its own
+        "update_unshared_prompts_s": update_unshared_s,  # each row's prompt scored and trained on its own
         "eval_greedy_s": eval_s,
     })
     if sandbox is not None:

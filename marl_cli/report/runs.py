@@ -268,18 +268,40 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _status_reason(summary: dict[str, Any]) -> str:
+def _status_reason(summary: dict[str, Any], logged: int | None = None) -> str:
+    """Why a run has no result; ``logged``: the last step its ``metrics.jsonl`` holds (a running run's summary
+    is rewritten only at checkpoints, so it may lag)."""
     status = summary.get("status", "unknown")
     if status == "failed":
         error = str(summary.get("error") or "no error recorded").strip().splitlines()
         first = error[0] if error else "no error recorded"
         return f"status failed: {first[:200]}"
     steps, total = summary.get("steps"), summary.get("total_steps")
+    if logged is not None and (not isinstance(steps, int) or logged > steps):
+        steps = logged
     where = f" (step {steps} of {total})" if steps is not None and total is not None else ""
     if status == "running" and process_gone(summary):
         return f"status running{where}, but its process {summary['pid']} is gone (killed?): resume it with " \
                f"trainer.resume={summary.get('run_dir', '<run dir>')}"
     return f"status {status}{where}"
+
+
+def last_logged_step(metrics: Path, tail_bytes: int = 65536) -> int | None:
+    """The ``step`` of the last complete record of a ``metrics.jsonl`` (read from its end), None without one."""
+    try:
+        with metrics.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
 
 
 def process_gone(summary: dict[str, Any]) -> bool:
@@ -338,7 +360,7 @@ def load_run(path: Path, metric: str = "success") -> Run:
               has_metrics=(path / "metrics.jsonl").is_file())
     if reason is None and summary is not None:
         if status != "completed":
-            reason = _status_reason(summary)
+            reason = _status_reason(summary, last_logged_step(path / "metrics.jsonl"))
         else:
             value = _number(summary.get(f"eval/{metric}"))
             if value is None:

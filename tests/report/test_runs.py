@@ -11,6 +11,7 @@ from marl_cli.report.runs import (
     ReportError,
     benchmark_label,
     discover,
+    last_logged_step,
     load_run,
     load_runs,
     method_label,
@@ -196,3 +197,11 @@ def test_sweep_jobs_come_in_natural_order(tmp_path):
     make_run(tmp_path, "lr/0.1", lr=0.1)
     make_run(tmp_path, "lr/0.05", lr=0.05)
     assert [p.name for p in discover([str(tmp_path / "lr")])] == ["0.05", "0.1"]
+
+
+def test_a_running_run_reports_the_last_step_its_metrics_logged(tmp_path):
+    path = make_run(tmp_path, "r", status="running", success=None, summary={"steps": 0})
+    lines = [json.dumps({"step": step, "train/reward": 0.5}) for step in range(1, 8)]
+    (path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 8, "train/rew')  # a line cut mid-write
+    assert load_run(path).reason == "status running (step 7 of 10)"
+    assert last_logged_step(path / "missing.jsonl") is None
