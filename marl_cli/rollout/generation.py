@@ -162,6 +162,9 @@ class HFGenerator:
                 "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0}
             with compute_precision(policy):
                 cache = shared_prompt_cache(model, input_ids, attention_mask) or {}  # a group's prompt once
+                if cache:  # the cache holds the prompts at the learner's positions (0.., pads included), not
+                    # generate's padding-aware ones: the new tokens must continue from the same positions
+                    cache["position_ids"] = torch.arange(input_ids.size(1), device=model.device).expand_as(input_ids)
                 out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                      max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                                      eos_token_id=ends, logits_processor=LogitsProcessorList([recorder]),

@@ -1,5 +1,6 @@
 """DESIGN §6: the trained row is what was sampled, old log-probs are the sampler's, bf16 moves, options work."""
 
+import functools
 import random
 
 import pytest
@@ -27,9 +28,9 @@ def _trainer(policy, tmp_path, **kw):
     return PolicyTrainer(policy, cfg, temperature=0.7, max_completion_length=16, output_dir=tmp_path / "trl", seed=0)
 
 
-def _sampled_rows(policy, n_per_prompt=2, max_new_tokens=16, seed=0):
+def _sampled_rows(policy, n_per_prompt=2, max_new_tokens=16, seed=0, prompts=PROMPTS):
     torch.manual_seed(seed)
-    gens = HFGenerator().generate(policy, [p for p in PROMPTS for _ in range(n_per_prompt)],
+    gens = HFGenerator().generate(policy, [p for p in prompts for _ in range(n_per_prompt)],
                                   Sampling(0.7, max_new_tokens=max_new_tokens))
     rng = random.Random(seed)
     return [Sample(task=i // n_per_prompt, branch=i % n_per_prompt, turn=0, role="agent", policy=policy.name,
@@ -68,16 +69,21 @@ def test_a_groups_prompt_is_prefilled_once_and_samples_as_without_sharing(tmp_pa
     prefills = []
     original = policy.model.forward
 
+    @functools.wraps(original)  # generate reads the forward's signature (position ids)
     def counting(*args, **kwargs):
-        if kwargs.get("logits_to_keep") == 1 and kwargs.get("use_cache"):
+        if kwargs.get("logits_to_keep") == 1 and kwargs.get("use_cache") and "cache" not in kwargs \
+                and "past_key_values" not in kwargs:  # a prefill, not one of generate's decoding steps
             prefills.append(len(kwargs["input_ids"]))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(policy.model, "forward", counting)
-    shared = _sampled_rows(policy, n_per_prompt=4)
-    assert prefills == [len(PROMPTS)]  # 24 rows, each distinct prompt prefilled once
+    prompts = [p.replace("grid", "grid " + "x" * 3 * i) for i, p in enumerate(PROMPTS)]  # left-padded unequally
+    shared = _sampled_rows(policy, n_per_prompt=4, prompts=prompts)
+    assert prefills == [len(prompts)]  # 24 rows, each distinct prompt prefilled once
+    stats = _trainer(policy, tmp_path, learning_rate=0.0).update(shared, random.Random(0))
+    assert stats["logprob_gap/max"] < 1e-5  # the sampler's log-probs are the learner's
     monkeypatch.setattr("marl_cli.rollout.generation.shared_prompt_cache", lambda *a, **k: None)
-    plain = _sampled_rows(policy, n_per_prompt=4)
+    plain = _sampled_rows(policy, n_per_prompt=4, prompts=prompts)
     assert [r.completion_ids for r in shared] == [r.completion_ids for r in plain]
     for one, other in zip(shared, plain, strict=True):
         assert one.sampling_logprobs == pytest.approx(other.sampling_logprobs, abs=1e-5)
