@@ -34,6 +34,6 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
 
 
 def cache_argument(model: Any) -> str:
-    """``cache`` (transformers ≥ 5.20) or ``past_key_values``: what the model's forward calls its cache."""
+    """``cache`` (recent transformers) or ``past_key_values`` (older): what the model's forward calls its cache."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"

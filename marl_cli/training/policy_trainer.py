@@ -171,9 +171,10 @@ class _GRPOLoss(GRPOTrainer):
                                            logits_to_keep: int, batch_size: int | None = None,
                                            compute_entropy: bool = False, **kwargs: Any) -> Any:
         """TRL's, except that rows sharing a prompt share its forward pass (``shared_prompt_forward``; text-only
-        inputs without TRL's MoE auxiliary loss)."""
+        inputs without TRL's MoE auxiliary loss, unchunked)."""
         shared = None
-        if not any(value is not None and value is not False for value in kwargs.values()):
+        if (batch_size is None or batch_size >= len(input_ids)) and \
+                not any(value is not None and value is not False for value in kwargs.values()):
             shared = shared_prompt_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy,
                                            self.accelerator.autocast)
         if shared is not None:
