@@ -75,16 +75,15 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         rollout_s, result = timed(rollout, repeats)
         rows, _ = ALGORITHMS.get(cfg.algorithm.name).advantages(result.samples, cfg.algorithm, random.Random(0), None)
 
-        def update() -> list[dict[str, float]]:
-            return [t.update([r for r in rows if r.policy == n], random.Random(0)) for n, t in trainers.items()]
+        def update(by_name: dict[str, PolicyTrainer] = trainers) -> list[dict[str, float]]:
+            return [t.update([r for r in rows if r.policy == n], random.Random(0)) for n, t in by_name.items()]
 
         update_s, stats = timed(update, repeats)
         with mock.patch("marl_cli.rollout.generation.shared_prompt_cache", return_value=None), \
                 mock.patch("marl_cli.training.policy_trainer.shared_prompt_forward", return_value=None):
             rollout_unshared_s, _ = timed(rollout, repeats)
             update_unshared_s, _ = timed(update, repeats)
-        update_full_s, _ = timed(lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
-                                          for n, t in full_trainers.items()], repeats)
+        update_full_s, _ = timed(lambda: update(full_trainers), repeats)
         eval_s, _ = timed(lambda: evaluate(run), repeats)
     tokens = sum(len(s.completion_ids) for s in rows)
     report.update({

@@ -24,7 +24,6 @@ matplotlib is imported only here, with the Agg canvas.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marl_cli.report.runs import Run
+from marl_cli.report.runs import Run, metrics_records
 from marl_cli.report.table import build_cells
 
 ROLE_KEY = re.compile(r"^train/([^/]+)/success$")
@@ -45,15 +44,7 @@ Records = list[dict[str, Any]]
 
 def read_metrics(path: Path) -> Records:
     """The records of a ``metrics.jsonl``; unreadable lines (a crash mid-write) are skipped."""
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and _number(record.get("step")) is not None:
-            records.append(record)
-    return records
+    return list(metrics_records(path.read_text(errors="replace").splitlines()))
 
 
 def _number(value: Any) -> float | None:

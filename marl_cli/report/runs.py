@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,6 +287,19 @@ def _status_reason(summary: dict[str, Any], logged: int | None = None) -> str:
     return f"status {status}{where}"
 
 
+def metrics_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The step records among a ``metrics.jsonl``'s lines: those that parse and hold a finite ``step``;
+    unreadable lines (a crash mid-write, a line cut by reading from the middle) are skipped."""
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int | float) and not isinstance(step, bool) and math.isfinite(step):
+            yield record
+
+
 def last_logged_step(metrics: Path, tail_bytes: int = 65536) -> int | None:
     """The ``step`` of the last complete record of a ``metrics.jsonl`` (read from its end), None without one."""
     try:
@@ -294,14 +308,8 @@ def last_logged_step(metrics: Path, tail_bytes: int = 65536) -> int | None:
             lines = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(step, int) and not isinstance(step, bool):
-            return step
-    return None
+    records = list(metrics_records(lines))
+    return int(records[-1]["step"]) if records else None
 
 
 def process_gone(summary: dict[str, Any]) -> bool:
