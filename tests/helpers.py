@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,20 @@ def marl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     exe = Path(sys.executable).with_name("marl")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args: str, processes: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node <processes> -m marl_cli train <args>`` on the CPU (gloo, one thread each)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                           "--master_port", str(free_port()), "-m", "marl_cli", "train", *args],
+                          capture_output=True, text=True, env=env, timeout=600)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

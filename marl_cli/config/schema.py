@@ -40,6 +40,7 @@ SchedulerType = choices("SchedulerType", "linear", "cosine", "cosine_with_restar
                         "warmup_stable_decay")
 """transformers' learning-rate schedules that need no metric."""
 TrainerRole = choices("TrainerRole", "all", "main", "sub")
+Sharding = choices("Sharding", "none", "fsdp2")
 ISCorrection = choices("ISCorrection", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 LoggerMode = choices("LoggerMode", "auto", "online", "offline")
 SandboxBackend = choices("SandboxBackend", "bwrap", "rlimit")
@@ -363,6 +364,9 @@ class TrainerConfig:
     # to the whole mini-batch's): the same update for less compute
     skip_zero_advantage: bool = True
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more compute)
+    # under a launcher: none (every process holds the whole learner, gradients averaged) | fsdp2 (the learner's
+    # weights, gradients and optimiser state split across the processes; the policy's model stays whole)
+    sharding: Sharding = Sharding.none
     log_ref_kl: bool = False  # also with beta=0: keep a frozen reference (the policy at RL start) and log kl_ref
     log_completions_every: int = bounded(10, ge=0)  # samples.jsonl completions every N steps; 0: never
     eval_every: int = bounded(0, ge=0)  # 0: evaluate only before and after training

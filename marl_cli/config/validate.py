@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,6 +162,10 @@ def check_run(cfg: DictConfig) -> None:
     if cfg.policy.devices and cfg.rollout.backend != "hf":
         raise ConfigError(f"policy.devices works with rollout=hf for now (rollout={cfg.rollout.backend} places its "
                           "engines itself)")
+    if cfg.trainer.sharding != "none" and uses_adapters(cfg.policy):
+        raise ConfigError(f"trainer.sharding={cfg.trainer.sharding} splits full-model learners across processes; "
+                          f"policy={cfg.policy.name} trains small adapters on a frozen base (use policy=shared or "
+                          "policy=per_role)")
     roles = list(cfg.workflow.roles)
     role_map = assign_roles(cfg.policy, roles)
     unknown = sorted(set(cfg.trainer.frozen_roles) - set(roles))
@@ -185,6 +190,11 @@ def check_run(cfg: DictConfig) -> None:
 
 def _check_processes(cfg: DictConfig, processes: int) -> None:
     """What a run launched as several processes (torchrun / accelerate launch) needs."""
+    for variable, plugin in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "").lower() == "true":
+            raise ConfigError(f"accelerate's {plugin} plugin would wrap marl's models behind its back; launch with a "
+                              "plain multi-process config (examples/accelerate/multi_gpu.yaml) and shard the "
+                              "learners with trainer.sharding=fsdp2")
     if processes == 1:
         return
     where = f"launched as {processes} processes"
@@ -265,7 +275,8 @@ def _differences(saved: Any, now: Any, path: str) -> Iterator[str]:
 
 def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     """A resumed run keeps what it is: refuse (one line, naming the keys) a config whose model, env (but its
-    eval size), workflow, algorithm, policy or seed differ from the run's saved ``.hydra/config.yaml``."""
+    eval size), workflow, algorithm, policy, seed or ``trainer.sharding`` (the layout of its optimiser state)
+    differ from the run's saved ``.hydra/config.yaml``."""
     path = run_dir / ".hydra" / "config.yaml"
     if not path.exists():
         return
@@ -273,6 +284,8 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     now = OmegaConf.to_container(cfg, resolve=False)
     changed = [d for key in IDENTITY for d in _differences(saved.get(key), now.get(key), key)
                if not d.startswith("env.eval_size ")]
+    changed += _differences(saved.get("trainer", {}).get("sharding", "none"), str(cfg.trainer.sharding),
+                            "trainer.sharding")
     if changed:
         raise ConfigError(f"trainer.resume={run_dir}: the run was trained with other settings; changed: "
                           f"{', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''} (drop these overrides, "

@@ -214,9 +214,9 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """Checkpoint ``step``; a decoupled sub trainer then acknowledges the store items the checkpoint holds."""
-        if not self.run.world.main:  # the ranks' weights and optimiser states are identical
+        states = {n: t.state_dict() for n, t in self.trainers.items()}  # every rank: a sharded state is gathered
+        if not self.run.world.main:  # the ranks' weights and (gathered) optimiser states are identical
             return
-        states = {n: t.state_dict() for n, t in self.trainers.items()}
         path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters)
         log.info("checkpoint: step %d saved to %s", step, path)
         if self.sub_only:

@@ -34,6 +34,7 @@ from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.prefix import shared_prompt_cache
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
+from marl_cli.training.sharding import gather_into, load_optimizer_state, optimizer_state, sharded_copy
 
 CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""
@@ -163,9 +164,11 @@ def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: t
 
 class _GRPOLoss(GRPOTrainer):
     """TRL's GRPOTrainer, remembering the per-token log-probs of its last forward (for the KL to the old policy)
-    and running a prompt that several rows share once."""
+    and running a prompt that several rows share once (not on a sharded learner, whose forward passes are
+    collective: every rank must run as many, and whether rows share a prompt differs between the ranks)."""
 
     last_logps: torch.Tensor | None = None
+    sharded: Any = None
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                            logits_to_keep: int, batch_size: int | None = None,
@@ -173,7 +176,7 @@ class _GRPOLoss(GRPOTrainer):
         """TRL's, except that rows sharing a prompt share its forward pass (``shared_prompt_forward``; text-only
         inputs without TRL's MoE auxiliary loss, unchunked)."""
         shared = None
-        if (batch_size is None or batch_size >= len(input_ids)) and \
+        if model is not self.sharded and (batch_size is None or batch_size >= len(input_ids)) and \
                 not any(value is not None and value is not False for value in kwargs.values()):
             shared = shared_prompt_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy,
                                            self.accelerator.autocast)
@@ -190,7 +193,8 @@ class PolicyTrainer:
     """Optimises one policy with TRL's GRPO loss on rows marl hands it.
 
     Args:
-        policy: the policy to train (its model is trained in place).
+        policy: the policy to train (its model is trained in place; under ``trainer.sharding=fsdp2`` a sharded copy
+            is trained and its weights gathered into the policy's model after every update).
         trainer_cfg: the ``trainer`` config (learning rate, scheduler, loss type, clipping, β, ...).
         temperature: the rollout sampling temperature, so log-probabilities match the sampler's.
         max_completion_length: the rollout's ``max_new_tokens`` (used by the ``dr_grpo`` loss).
@@ -237,6 +241,11 @@ class PolicyTrainer:
             seed=seed,
             disable_tqdm=True,
         )
+        self.sharded = trainer_cfg.sharding == "fsdp2" and self.world.size > 1
+        if self.sharded:
+            if policy.adapter is not None:
+                raise ValueError(f"trainer.sharding=fsdp2 trains full models; policy {policy.name!r} is an adapter")
+            model = sharded_copy(model, self.world)
         self.trl = _GRPOLoss(model=model, args=args, processing_class=policy.tokenizer,
                              reward_funcs=[_rewards_come_from_rollouts], train_dataset=_placeholder_prompts())
         self.trl.current_gradient_accumulation_steps = 1
@@ -246,7 +255,14 @@ class PolicyTrainer:
         if self.trl.accelerator.num_processes != self.world.size:
             raise RuntimeError(f"TRL sees {self.trl.accelerator.num_processes} processes, marl {self.world.size}")
         self.trl.create_optimizer_and_scheduler(num_training_steps=max(trainer_cfg.steps, 1))
-        self.model = self.trl.model
+        self.learner = self.trl.model
+        """The module the optimiser trains (the sharded copy under ``fsdp2``, else the policy's model itself)."""
+        self.model = policy.model if self.sharded else self.learner
+        """The policy's whole model: rollouts, scoring and checkpoints use it."""
+        if self.sharded:
+            add_fused_lm_head(self.model, temperature=args.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
+                              outputs=("log_probs", "entropy"))
+            self.trl.sharded = self.learner
         self.device = self.model.device
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.reference = None
@@ -359,21 +375,25 @@ class PolicyTrainer:
                 batches.append((batch, index, zeroed, weight))
             self.policy.activate()
             self.model.train()
+            self.learner.train()
             for batch, *_ in batches:
                 self._prepare(batch, stats)
             for _ in range(self.cfg.num_iterations):
                 for whole, index, zeroed, weight in rng.sample(batches, len(batches)):
                     batch = select_rows(whole, index, zeroed)
-                    loss = self.trl.compute_loss(self.model, batch) * weight
+                    loss = self.trl.compute_loss(self.learner, batch) * weight
                     self._loss_stats(batch, self._token_share(whole), stats)
                     self.trl.accelerator.backward(loss)
-                    self.world.average_gradients(self.params)
+                    if not self.sharded:  # FSDP2 reduce-scatters the ranks' mean gradient in the backward pass
+                        self.world.average_gradients(self.params)
                     norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                     stats["loss"].append(loss.item())
                     stats["grad_norm"].append(float(norm))
                     stats["trained_row_fraction"].append((len(index) - zeroed) / len(whole["advantages"]))
+            if self.sharded:
+                gather_into(self.learner, self.model)
             self.policy.mark_updated()
             advantages = torch.tensor([s.advantage for s in rows])
             stats["advantage/mean"].append(float(advantages.mean()))
@@ -403,10 +423,17 @@ class PolicyTrainer:
         return merged
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        """The optimiser's and scheduler's state. Under ``trainer.sharding=fsdp2`` the optimiser's whole state by
+        parameter name (gathered from the ranks' shards: every rank calls it), which any process count loads."""
+        by_name = self.cfg.sharding == "fsdp2"
+        optimizer = optimizer_state(self.learner, self.optimizer) if by_name else self.optimizer.state_dict()
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.cfg.sharding == "fsdp2":
+            load_optimizer_state(self.learner, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from marl_cli.config.schema import StoreConfig, register_configs
 from marl_cli.config.validate import check_overrides
 from marl_cli.store import build_store
 from marl_cli.training.loop import train
-from tests.helpers import train_config
+from tests.helpers import free_port, train_config
 
 register_configs()
 
@@ -132,16 +131,10 @@ def test_decoupled_trainers_over_sqlite_survive_a_killed_sub(warm_model, tmp_pat
     assert "eval/research/success" in main_summary and "eval/research/success" not in sub_summary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(shutil.which("redis-server") is None,
                     reason="redis-server not installed: apt-get install redis-server")
 def test_decoupled_trainers_over_redis_asynchronous(warm_model, tmp_path):
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
                                "--dir", str(tmp_path), "--requirepass", "pw"], stdout=subprocess.DEVNULL)
     try:

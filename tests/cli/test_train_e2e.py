@@ -85,10 +85,11 @@ def test_resume_and_eval_take_the_runs_own_config(tmp_path):
     evaluated = cli("eval", f"load={run}", f"hydra.run.dir={tmp_path / 'ev'}")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert json.loads((tmp_path / "ev" / "summary.json").read_text())["eval/tasks"] == 6  # FAST's env.eval_size
-    changed = cli("train", f"trainer.resume={run}", "trainer.steps=3", "env.size=5", "seed=3",
+    changed = cli("train", f"trainer.resume={run}", "trainer.steps=3", "env.size=5", "seed=3", "trainer.sharding=fsdp2",
                   f"hydra.run.dir={tmp_path / 'r3'}")
     assert changed.returncode == 2
-    assert "the run was trained with other settings; changed: env.size (4 -> 5), seed (0 -> 3)" in changed.stderr
+    assert ("the run was trained with other settings; changed: env.size (4 -> 5), seed (0 -> 3), "
+            "trainer.sharding ('none' -> 'fsdp2')") in changed.stderr
     assert len(changed.stderr.strip().splitlines()) == 1
 
 

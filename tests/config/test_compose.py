@@ -93,6 +93,8 @@ def test_config_dir_is_the_checkout_conf():
     ("+model.system_prompts.ghost=hi", "model.system_prompts names roles ['ghost'] that the workflow lacks"),
     ("model=hf model.name_or_path=/missing/dir", "model.name_or_path=/missing/dir: no such directory"),
     ("policy=lora_per_role policy.devices=[cpu]", "policy.devices places full-model policies; policy=lora_per_role"),
+    ("policy=lora_per_role trainer.sharding=fsdp2", "trainer.sharding=fsdp2 splits full-model learners across"),
+    ("trainer.sharding=zero3", "trainer.sharding"),
     ("trainer.frozen_roles=[ghost]", "trainer.frozen_roles names roles ['ghost'] that the workflow lacks"),
     ("trainer.role=sub", "trainer.role=sub runs decoupled M-GRPO trainers; it needs algorithm=m_grpo"),
     ("trainer.resume=/no/such/run", "trainer.resume=/no/such/run: no such directory"),

@@ -22,14 +22,9 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import StoreConfig
 from marl_cli.store import Store, build_store
 from marl_cli.store.sqlite import SQLiteStore, StoreGoneError
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _answers(port: int) -> bool:
@@ -49,7 +44,7 @@ def redis_server(workdir: Path, *extra: str) -> Iterator[int]:
     if binary is None:
         pytest.skip("redis-server not installed: apt-get install redis-server")
     workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)]
     proc = subprocess.Popen([binary, *args, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -351,7 +346,7 @@ def test_build_store_rejects_unknown_names_and_unusable_places(tmp_path):
         build_store(OmegaConf.structured(StoreConfig(name="postgres")))
     assert "\n" not in str(info.value)
 
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(ConfigError, match=f"127.0.0.1:{port}") as info:
         build_store(OmegaConf.structured(StoreConfig(name="redis", host="127.0.0.1", port=port)))
     assert "\n" not in str(info.value)

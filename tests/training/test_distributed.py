@@ -1,12 +1,10 @@
 """Data-parallel training: the update split across two gloo processes equals one process's, and a
 ``torchrun`` run writes one run dir, one metrics line per step and one checkpoint, and resumes."""
 
+import copy
 import json
 import os
 import random
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +20,11 @@ from marl_cli.policies.regime import build_policies
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World, init_from_launcher
 from marl_cli.training.policy_trainer import PolicyTrainer, loss_weight, mini_batches
-from tests.helpers import train_config
+from tests.helpers import free_port, torchrun, train_config
 from tests.policies.test_tiny import SMALL
 
 LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo")
+RUNS = [*((t, "none") for t in LOSS_TYPES), ("bnpo", "fsdp2"), ("grpo", "fsdp2")]
 
 
 def _rows(step: int) -> list[Sample]:
@@ -37,14 +36,45 @@ def _rows(step: int) -> list[Sample]:
             for i in range(10)]  # mini-batches of 4: the first all zero advantages, the second one (skipped rows)
 
 
-def _train(tmp: str, loss_type: str, world: World) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
+             weights: dict[str, torch.Tensor] | None = None) -> PolicyTrainer:
     model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
     policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"))["shared"]
+    if weights is not None:  # as a resume loads the checkpoint's weights before the trainer is built
+        policy.model.load_state_dict(weights)
     cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-3, steps=4, mini_batch_size=4, loss_type=loss_type,
-                                             log_ref_kl=True))
-    trainer = PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world)
+                                             log_ref_kl=True, sharding=sharding))
+    return PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world)
+
+
+def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
+
+
+def _train(tmp: str, loss_type: str, world: World, sharding: str = "none") -> tuple[dict[str, torch.Tensor],
+                                                                                   list[dict[str, float]]]:
+    trainer = _trainer(tmp, loss_type, world, sharding)
+    if sharding == "fsdp2" and world.size > 1:  # each rank holds half of every block's weights
+        local = sum(p.to_local().numel() for p in trainer.learner.model.layers.parameters())
+        assert local * world.size == sum(p.numel() for p in trainer.model.model.layers.parameters())
     stats = [trainer.update(_rows(step), random.Random(step)) for step in range(2)]
-    return {k: v.clone() for k, v in policy.model.state_dict().items()}, stats
+    return _weights(trainer), stats
+
+
+def _first_step(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], dict]:
+    """The weights and (rank 0's, as the checkpoint holds it) optimiser state after one fsdp2 bnpo step."""
+    first = _trainer(tmp, "bnpo", world, "fsdp2")
+    first.update(_rows(0), random.Random(0))
+    return _weights(first), world.from_main(first.state_dict())
+
+
+def _resumed(tmp: str, world: World, first: tuple[dict[str, torch.Tensor], dict]) -> dict[str, torch.Tensor]:
+    """A trainer built on step 0's weights (as a resume builds it), loading step 0's optimiser state, then step 1."""
+    weights, state = first
+    second = _trainer(tmp, "bnpo", world, "fsdp2", weights)
+    second.load_state_dict(copy.deepcopy(state))  # a load may keep views of the state: leave the caller's intact
+    second.update(_rows(1), random.Random(1))
+    return _weights(second)
 
 
 def _worker(rank: int, port: int, tmp: str, out: str) -> None:
@@ -52,33 +82,41 @@ def _worker(rank: int, port: int, tmp: str, out: str) -> None:
                       LOCAL_RANK=str(rank), CUDA_VISIBLE_DEVICES="")
     torch.set_num_threads(1)
     init_from_launcher()
-    results = {t: _train(tmp, t, World.current()) for t in LOSS_TYPES}  # one run dir, as under torchrun
+    world = World.current()
+    results = {(t, s): _train(tmp, t, world, s) for t, s in RUNS}  # one run dir, as under torchrun
+    results["first"] = _first_step(tmp, world)
+    results["resumed"] = _resumed(tmp, world, results["first"])
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_update_equals_one_process_update(tmp_path):
+    """Plain data parallelism for every loss type, FSDP2 sharding for two (and its optimiser state saved whole and
+    loaded back by two processes and by one), against one process training the same rows."""
     out = tmp_path / "two.pt"
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path), str(out)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path), str(out)), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
-    for loss_type in LOSS_TYPES:
-        weights, stats = _train(str(tmp_path / f"one-{loss_type}"), loss_type, World())
-        weights2, stats2 = two[loss_type]
+    ones = {}
+    for loss_type, sharding in RUNS:
+        if loss_type not in ones:
+            ones[loss_type] = _train(str(tmp_path / f"one-{loss_type}"), loss_type, World())
+        weights, stats = ones[loss_type]
+        weights2, stats2 = two[loss_type, sharding]
         for key, value in weights.items():
-            torch.testing.assert_close(weights2[key], value, atol=2e-6, rtol=1e-5, msg=f"{loss_type}: {key}")
+            torch.testing.assert_close(weights2[key], value, atol=2e-6, rtol=1e-5,
+                                       msg=f"{loss_type}, {sharding}: {key}")
         for one, two_step in zip(stats, stats2, strict=True):
             assert one["mini_batches"] == two_step["mini_batches"] == 3
             for key in ("loss", "grad_norm", "entropy", "advantage/mean", "clip_ratio/region_mean"):  # global
-                assert two_step[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (loss_type, key)
+                assert two_step[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (loss_type, sharding, key)
             # per-token diagnostics are the mean of each rank's masked mean (not token-weighted across ranks)
             assert two_step["kl_ref"] == pytest.approx(one["kl_ref"], rel=0.1)
+    # the sharded optimiser state, saved whole, resumes in two processes and in one
+    one_resumed = _resumed(str(tmp_path / "one-resumed"), World(), two["first"])
+    for key, value in ones["bnpo"][0].items():
+        torch.testing.assert_close(two["resumed"][key], value, atol=2e-6, rtol=1e-5, msg=f"resumed: {key}")
+        torch.testing.assert_close(one_resumed[key], value, atol=2e-6, rtol=1e-5, msg=f"resumed in one: {key}")
 
 
 def test_loss_weights_add_up_to_the_whole_batch():
@@ -107,18 +145,19 @@ def test_a_config_two_processes_cannot_run_fails_before_anything_is_built(overri
     _check_processes(cfg, 1)
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(_free_port()), "-m", "marl_cli", "train", *args],
-                          capture_output=True, text=True, env=env, timeout=600)
+@pytest.mark.parametrize("variable", ["ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"])
+def test_accelerates_own_sharding_plugins_are_refused(monkeypatch, variable):
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(ConfigError, match="shard the learners with trainer.sharding=fsdp2"):
+        _check_processes(train_config("experiment=embedded"), 2)
 
 
-def test_torchrun_two_processes_train_resume_and_write_once(tmp_path):
+@pytest.mark.parametrize("sharding", ["none", "fsdp2"])
+def test_torchrun_two_processes_train_resume_and_write_once(tmp_path, sharding):
     run_dir = tmp_path / "run"
     common = ["experiment=embedded", "trainer.warmstart.num_examples=64", "env.eval_size=10", "trainer.eval_every=0",
-              "rollout.tasks_per_step=4", "logger=none", "progress=false"]
-    done = _torchrun(*common, "trainer.steps=2", "trainer.save_every=1", f"hydra.run.dir={run_dir}")
+              "rollout.tasks_per_step=4", "logger=none", "progress=false", f"trainer.sharding={sharding}"]
+    done = torchrun(*common, "trainer.steps=2", "trainer.save_every=1", f"hydra.run.dir={run_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 0, 0, 1, 2, 2]  # eval before warm start, warm start, eval_before; steps 1, 2; final eval
@@ -126,7 +165,7 @@ def test_torchrun_two_processes_train_resume_and_write_once(tmp_path):
     assert sum("step 1/2" in line for line in (run_dir / "train.log").read_text().splitlines()) == 1
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
 
-    resumed = _torchrun(*common, "trainer.steps=3", f"trainer.resume={run_dir}", f"hydra.run.dir={tmp_path / 'r2'}")
+    resumed = torchrun(*common, "trainer.steps=3", f"trainer.resume={run_dir}", f"hydra.run.dir={tmp_path / 'r2'}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[-2:] == [3, 3]
