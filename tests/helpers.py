@@ -85,6 +85,9 @@ class ScriptedGenerator:
         self.calls = 0
         self.batches: list[tuple[str, int]] = []
 
+    def start(self, policies):
+        """Nothing to start (the backend protocol's hook before each rollout)."""
+
     def release(self):
         """Nothing to free (the backend protocol's hook before the policies train)."""
 

@@ -204,8 +204,9 @@ def _check_processes(cfg: DictConfig, processes: int) -> None:
         raise ConfigError(f"trainer.role={cfg.trainer.role}: decoupled trainers run one process each ({where})")
     if cfg.policy.devices:
         raise ConfigError(f"policy.devices places policies within one process; {where}, each uses its own GPU")
-    if cfg.rollout.backend != "hf":
-        raise ConfigError(f"rollout={cfg.rollout.backend} runs in one process for now ({where}); use rollout=hf")
+    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.tensor_parallel_size > 1:
+        raise ConfigError(f"rollout.vllm.tensor_parallel_size={cfg.rollout.vllm.tensor_parallel_size}: {where}, each "
+                          "process runs its own engine on its own GPU (tensor parallelism needs one process)")
     for key, value in (("rollout.tasks_per_step", cfg.rollout.tasks_per_step),
                        ("trainer.mini_batch_size", cfg.trainer.mini_batch_size)):
         if value < processes:

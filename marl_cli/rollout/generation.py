@@ -141,6 +141,9 @@ class HFGenerator:
     def __init__(self) -> None:
         self.calls = 0
 
+    def start(self, policies: list[Policy]) -> None:
+        """Nothing to start: generation runs on the learner's own model."""
+
     def release(self) -> None:
         """Nothing to free: generation runs on the learner's own model."""
 

@@ -67,14 +67,17 @@ class VLLMGenerator:
         dtype: the engines' dtype (``model.dtype``).
         max_model_len: the longest sequence an engine serves (prompt limit + new tokens) unless
             ``rollout.vllm.max_model_len`` says otherwise.
-        seed: the engines' sampling seed.
+        seed: the engines' sampling seed (each process of a multi-process run adds its rank).
         lora_rank: the adapters' rank (``policy.lora_r``) under an adapter regime, else None.
         max_loras: how many adapters one batch may mix (the regime's policies).
     """
 
     def __init__(self, settings: Any, dtype: str, max_model_len: int, seed: int, lora_rank: int | None = None,
                  max_loras: int = 1):
-        self.settings, self.dtype, self.seed = settings, dtype, seed
+        launched = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        self.settings, self.dtype, self.seed = settings, dtype, seed + (torch.distributed.get_rank() if launched else 0)
+        # under a launcher each process's engine runs on its own device (LOCAL_RANK) in the processes' group
+        self.launcher = {"distributed_executor_backend": "external_launcher"} if launched else {}
         self.max_model_len = settings.max_model_len or max_model_len
         self.lora_rank, self.max_loras = lora_rank, max_loras
         self.engines: dict[str, Any] = {}
@@ -84,10 +87,22 @@ class VLLMGenerator:
         self.calls = 0
         self.syncs = 0
 
+    def start(self, policies: list[Policy]) -> None:
+        """Start the engines ``policies`` need, in their order. Under a launcher an engine joins the processes'
+        group when it starts (each process's engine then generates on its own: vLLM's external data
+        parallelism), so every process calls this at once with the same policies before playing its share."""
+        for policy in policies:
+            key = self._key(policy)
+            if key not in self.engines:
+                self.engines[key] = self._start(policy)
+
+    def _key(self, policy: Policy) -> str:
+        return LORA_BASE if self.lora_rank else policy.name
+
     def engine(self, policy: Policy) -> Any:
         """The engine serving ``policy``'s model, started on first use, holding the learner's current weights
         (an adapter policy's: its frozen base)."""
-        key = LORA_BASE if self.lora_rank else policy.name
+        key = self._key(policy)
         if key not in self.engines:
             self.engines[key] = self._start(policy)
         elif self.settings.enable_sleep_mode:
@@ -141,7 +156,7 @@ class VLLMGenerator:
                               gpu_memory_utilization=s.gpu_memory_utilization,
                               tensor_parallel_size=s.tensor_parallel_size, enable_sleep_mode=s.enable_sleep_mode,
                               enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs",
-                              enable_prefix_caching=s.enable_prefix_caching, **self._lora_args())
+                              enable_prefix_caching=s.enable_prefix_caching, **self.launcher, **self._lora_args())
             # one token through the model: kernels that do not support it fail here, not mid-rollout
             engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])], vllm.SamplingParams(max_tokens=1),
                             use_tqdm=False)

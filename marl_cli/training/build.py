@@ -4,7 +4,7 @@ the team (workflow over its env), the role→policy map, the policies, the rollo
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,10 @@ from marl_cli.envs import ENVS, build_env
 from marl_cli.policies.regime import Placement, Policy, attach_adapters, build_policies, routing
 from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.backends import BACKENDS
+from marl_cli.rollout.engine import RolloutResult
 from marl_cli.rollout.generation import Sampling
 from marl_cli.sandbox import Sandbox
-from marl_cli.training.distributed import World
+from marl_cli.training.distributed import World, play_shared
 from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
 
@@ -102,6 +103,12 @@ class Run:
     train_sampling: Sampling
     eval_sampling: Sampling
     world: World = field(default_factory=World)
+
+    def play(self, tasks: Sequence[Any], play: Callable[[list[Any]], RolloutResult]) -> RolloutResult:
+        """``play`` this process's share of ``tasks`` and gather every process's result (``play_shared``), once the
+        rollout backend has started what the policies acting now need (every process at once)."""
+        self.generator.start([self.policies[name] for name in dict.fromkeys(self.routing.values())])
+        return play_shared(self.world, tasks, play)
 
     def tokenizers(self) -> dict[str, Any]:
         return {name: p.tokenizer for name, p in self.policies.items()}

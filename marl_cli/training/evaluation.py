@@ -26,7 +26,6 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run
 from marl_cli.training.checkpoint import latest_checkpoint
-from marl_cli.training.distributed import play_shared
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
                 bar.update(len(batch))
         return played
 
-    played = play_shared(run.world, tasks, play)
+    played = run.play(tasks, play)
     metrics = rollout_metrics(played, prefix)
     metrics.pop(f"{prefix}/generate_calls")
     metrics[f"{prefix}/tasks"] = float(size)

@@ -13,7 +13,6 @@ from marl_cli.rollout.engine import RolloutResult, rollout_metrics, row_metrics,
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import Run
 from marl_cli.training.decoupled import Exchange
-from marl_cli.training.distributed import play_shared
 
 Rows = tuple[list[Sample], dict[int, list[int]] | None, dict[str, float]]
 
@@ -43,7 +42,7 @@ class RolloutRows:
             return run_episodes(run.workflow, run.policies, run.routing, mine, cfg.algorithm.num_generations,
                                 run.train_sampling, run.generator, cfg.algorithm.mode, cfg.algorithm.selection, rng)
 
-        result = play_shared(run.world, tasks, play)
+        result = run.play(tasks, play)
         rng.setstate(run.world.from_main(rng.getstate()))  # the ranks shuffle and select alike from here on
         metrics.update(rollout_metrics(result, "train"))
         if self.exchange is not None:

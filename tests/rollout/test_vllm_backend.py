@@ -18,7 +18,7 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.loop import train
 from marl_cli.training.policy_trainer import PolicyTrainer
-from tests.helpers import FAST, cli, train_config
+from tests.helpers import FAST, cli, torchrun, train_config
 
 pytest.importorskip("vllm")
 
@@ -114,6 +114,27 @@ def test_an_at_grpo_run_trains_through_vllm(tmp_path):
     assert len(steps) == 3
     for record in steps:  # the engines generated with the weights the learner trains (synced after the warm
         for name in ("tool", "plan"):  # start and every update; a stale engine shows gaps of 1e-3 and more)
+            assert record[f"train/{name}/logprob_gap/mean"] < 1e-5
+            assert record[f"train/{name}/logprob_gap/max"] < 1e-3
+
+
+def test_two_processes_train_through_their_own_engines(tmp_path):
+    """Under torchrun each process starts its engines together with the other's (vLLM joins their group) and
+    generates its share of the tasks; the learner is sharded (FSDP2) while each process's policies stay whole,
+    and every engine is synced from them: the warm start's weights reach both processes' engines."""
+    run_dir = tmp_path / "run"
+    done = torchrun(*VLLM, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role", "workflow.max_turns=1",
+                    "trainer.steps=2", "trainer.mini_batch_size=4", "trainer.warmstart.enabled=true",
+                    "trainer.warmstart.num_examples=16", "trainer.sharding=fsdp2", "threads=1",
+                    f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]  # one line per step: rank 0 alone writes
+    for record in steps:
+        assert record["train/groups"] == 4  # 2 tasks x 2 roles: both ranks' tasks, gathered
+        assert record["train/generate_calls"] == 4  # each rank generated its task's 2 turns itself
+        for name in ("tool", "plan"):
             assert record[f"train/{name}/logprob_gap/mean"] < 1e-5
             assert record[f"train/{name}/logprob_gap/max"] < 1e-3
 

@@ -137,9 +137,10 @@ def test_a_last_mini_batch_too_small_for_every_rank_joins_the_one_before():
     ("rollout.tasks_per_step=1", "rollout.tasks_per_step=1 gives some of the 2 processes nothing to do"),
     ("trainer.warmstart.batch_size=33", "must be a multiple of the 2 processes"),
     ("trainer.role=main", "decoupled trainers run one process each"),
+    ("rollout=vllm rollout.vllm.tensor_parallel_size=2", "each process runs its own engine on its own GPU"),
 ])
 def test_a_config_two_processes_cannot_run_fails_before_anything_is_built(override, message):
-    cfg = train_config("experiment=embedded", override)
+    cfg = train_config("experiment=embedded", *override.split())
     with pytest.raises(ConfigError, match=message):
         _check_processes(cfg, 2)
     _check_processes(cfg, 1)

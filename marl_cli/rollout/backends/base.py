@@ -3,7 +3,9 @@
 A backend is a factory ``(run config) -> generator`` whose generator has
 ``generate(policy, prompts, sampling) -> list[Generation]`` (completions with the sampler's
 log-prob of every sampled token, from the policy's current weights: a backend with its own copy of
-the weights syncs them itself), ``release()`` (the policies are about to train: free what generation
+the weights syncs them itself), ``start(policies)`` (the policies about to act: every process of a
+multi-process run calls it at once, before it plays its share of a rollout, so engines that join the
+processes' group start together), ``release()`` (the policies are about to train: free what generation
 holds) and a ``calls`` counter. A factory may say ``requires = Requirement(...)`` (a package it
 imports; checked before the run starts). Factories import their engine only when called, so
 naming a backend costs nothing while a config is validated.
