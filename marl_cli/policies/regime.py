@@ -75,12 +75,13 @@ class Policy:
         self.model.load_state_dict(saved.state_dict())
         self.mark_updated()
 
-    def save(self, path: Path) -> None:
-        """Full models: HF weights; adapters: this adapter's weights and config only."""
+    def save(self, path: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """Full models: HF weights (``weights`` instead of the model's own when given); adapters: this adapter's
+        weights and config only."""
         path.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save_pretrained(path)
         if self.adapter is None:
-            self.model.save_pretrained(path)
+            self.model.save_pretrained(path, state_dict=weights)
             return
         self.model.peft_config[self.adapter].save_pretrained(path)
         save_file(get_peft_model_state_dict(self.model, adapter_name=self.adapter), str(path / _ADAPTER_FILE))

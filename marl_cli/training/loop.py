@@ -161,7 +161,6 @@ class Trainer:
                 self.trainers[name] = PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature,
                                                     cfg.rollout.max_new_tokens, self.run.run_dir / "trl" / name,
                                                     cfg.seed, self.run.world)
-                policy.model = self.trainers[name].model
         if not fresh:
             self.restore(self.checkpoint)
 
@@ -215,9 +214,10 @@ class Trainer:
     def save(self, step: int) -> None:
         """Checkpoint ``step``; a decoupled sub trainer then acknowledges the store items the checkpoint holds."""
         states = {n: t.state_dict() for n, t in self.trainers.items()}  # every rank: a sharded state is gathered
+        masters = {n: w for n, t in self.trainers.items() if (w := t.master_weights()) is not None}
         if not self.run.world.main:  # the ranks' weights and (gathered) optimiser states are identical
             return
-        path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters)
+        path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters, masters)
         log.info("checkpoint: step %d saved to %s", step, path)
         if self.sub_only:
             self.exchange.acknowledge(range(self.acked + 1, step + 1))

@@ -34,7 +34,7 @@ from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.prefix import shared_prompt_cache
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
-from marl_cli.training.sharding import gather_into, load_optimizer_state, optimizer_state, sharded_copy
+from marl_cli.training.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
 
 CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""
@@ -193,8 +193,9 @@ class PolicyTrainer:
     """Optimises one policy with TRL's GRPO loss on rows marl hands it.
 
     Args:
-        policy: the policy to train (its model is trained in place; under ``trainer.sharding=fsdp2`` a sharded copy
-            is trained and its weights gathered into the policy's model after every update).
+        policy: the policy to train (its model is trained in place; under ``trainer.sharding=fsdp2`` across
+            processes that model is sharded into the learner, and the policy gets a whole copy in its compute dtype,
+            refreshed after every update).
         trainer_cfg: the ``trainer`` config (learning rate, scheduler, loss type, clipping, β, ...).
         temperature: the rollout sampling temperature, so log-probabilities match the sampler's.
         max_completion_length: the rollout's ``max_new_tokens`` (used by the ``dr_grpo`` loss).
@@ -242,10 +243,11 @@ class PolicyTrainer:
             disable_tqdm=True,
         )
         self.sharded = trainer_cfg.sharding == "fsdp2" and self.world.size > 1
+        whole = model
         if self.sharded:
             if policy.adapter is not None:
                 raise ValueError(f"trainer.sharding=fsdp2 trains full models; policy {policy.name!r} is an adapter")
-            model = sharded_copy(model, self.world)
+            model, whole = split(model, self.world, policy.compute_dtype)
         self.trl = _GRPOLoss(model=model, args=args, processing_class=policy.tokenizer,
                              reward_funcs=[_rewards_come_from_rollouts], train_dataset=_placeholder_prompts())
         self.trl.current_gradient_accumulation_steps = 1
@@ -256,13 +258,12 @@ class PolicyTrainer:
             raise RuntimeError(f"TRL sees {self.trl.accelerator.num_processes} processes, marl {self.world.size}")
         self.trl.create_optimizer_and_scheduler(num_training_steps=max(trainer_cfg.steps, 1))
         self.learner = self.trl.model
-        """The module the optimiser trains (the sharded copy under ``fsdp2``, else the policy's model itself)."""
-        self.model = policy.model if self.sharded else self.learner
-        """The policy's whole model: rollouts, scoring and checkpoints use it."""
+        """The module the optimiser trains and the scoring runs on (sharded under ``fsdp2``)."""
+        self.model = policy.model = whole if self.sharded else self.learner
+        """The policy's whole model (rollouts; the learner itself unless sharded)."""
         if self.sharded:
-            add_fused_lm_head(self.model, temperature=args.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
-                              outputs=("log_probs", "entropy"))
             self.trl.sharded = self.learner
+            policy.mark_updated()
         self.device = self.model.device
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.reference = None
@@ -299,7 +300,7 @@ class PolicyTrainer:
     def _prepare(self, batch: dict[str, torch.Tensor], stats: dict[str, list[float]]) -> None:
         """The sampling policy's log-probs and entropy (and the reference's log-probs) for ``batch``, before any
         optimiser step."""
-        old, entropies = self._forward(self.model, batch, entropy=True)
+        old, entropies = self._forward(self.learner, batch, entropy=True)
         batch["old_per_token_logps"] = old
         mask = batch["completion_mask"]
         stats["entropy"].append(float((entropies * mask).sum()) / self._token_share(batch))
@@ -374,7 +375,6 @@ class PolicyTrainer:
                 weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world)
                 batches.append((batch, index, zeroed, weight))
             self.policy.activate()
-            self.model.train()
             self.learner.train()
             for batch, *_ in batches:
                 self._prepare(batch, stats)
@@ -421,6 +421,11 @@ class PolicyTrainer:
             for key, values in part.items():
                 merged[key] += values
         return merged
+
+    def master_weights(self) -> dict[str, torch.Tensor] | None:
+        """Sharded: the learner's whole fp32 weights by name, which a checkpoint holds rather than the policy's
+        compute-dtype copy (every rank calls it; rank 0's holds them); else None (the policy's model is the learner)."""
+        return master_weights(self.learner) if self.sharded else None
 
     def state_dict(self) -> dict[str, Any]:
         """The optimiser's and scheduler's state. Under ``trainer.sharding=fsdp2`` the optimiser's whole state by

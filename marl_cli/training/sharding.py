@@ -1,12 +1,14 @@
 """Sharded training (``trainer.sharding=fsdp2``): a policy's learner split across the processes with torch's
 FSDP2 (``fully_shard``).
 
-Each rank holds 1/n of the learner's fp32 master weights, gradients and AdamW state; the policy's own model stays
-whole on every rank and serves what needs the weights in one piece without collectives (rollouts, the old-policy
-and reference scoring, checkpoints), refreshed from the learner after every update (``gather_into``). The loss
-forward and backward run on the learner: every rank runs them the same number of times (the update gives each
-rank an equal count of rows per mini-batch), FSDP2 gathers each block's weights for its forward and
-reduce-scatters the averaged gradients, so the update is one process's on the same rows.
+Each rank holds 1/n of the learner's fp32 master weights, gradients and AdamW state. The policy keeps a whole
+copy on every rank, in its compute dtype (bf16 for the paper cells: 2 bytes per parameter), for what needs the
+weights in one piece without collectives — rollouts, a vLLM engine's sync, the reference — refreshed from the
+learner after every update (``gather_into``). The scoring and the loss run on the learner: every rank runs
+as many forward passes (the update gives each rank an equal count of rows per mini-batch), FSDP2 gathers each
+block's weights for its forward and reduce-scatters the averaged gradients, so the update is one process's on the
+same rows. Checkpoints hold the gathered fp32 masters (``master_weights``) and the whole optimiser state by
+parameter name (``optimizer_state``), which any number of processes loads.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
@@ -35,15 +38,19 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def sharded_copy(model: torch.nn.Module, world: World) -> torch.nn.Module:
-    """A copy of ``model`` whose parameters are split across ``world``'s processes: each block, then the root,
-    sharded with ``fully_shard`` over one mesh of every rank."""
-    learner = copy.deepcopy(model)
+def split(model: torch.nn.Module, world: World, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``(learner, whole)``: ``model`` itself sharded across ``world``'s processes (each block, then the root, over
+    one mesh of every rank), and a frozen whole copy of it in ``dtype``, made parameter by parameter (never a
+    second full copy in ``model``'s dtype)."""
+    whole_params = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
+                    for p in model.parameters()}
+    whole = copy.deepcopy(model, memo=dict(whole_params))
+    whole.__dict__.pop("forward", None)  # a copied forward patch (TRL's fused head) still calls the learner's
     mesh = init_device_mesh(next(model.parameters()).device.type, (world.size,))
-    for block in blocks(learner):
+    for block in blocks(model):
         fully_shard(block, mesh=mesh)
-    fully_shard(learner, mesh=mesh)
-    return learner
+    fully_shard(model, mesh=mesh)
+    return model, whole
 
 
 @torch.no_grad()
@@ -54,6 +61,11 @@ def gather_into(learner: torch.nn.Module, whole: torch.nn.Module) -> None:
     for name, param in learner.named_parameters():
         value = param.full_tensor() if isinstance(param, DTensor) else param
         target[name].copy_(value)
+
+
+def master_weights(learner: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The learner's whole fp32 weights by name, on the CPU (every rank calls it; rank 0's holds them)."""
+    return get_model_state_dict(learner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def optimizer_state(learner: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -37,9 +37,10 @@ def _rows(step: int) -> list[Sample]:
 
 
 def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
-             weights: dict[str, torch.Tensor] | None = None) -> PolicyTrainer:
-    model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
-    policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"))["shared"]
+             weights: dict[str, torch.Tensor] | None = None, dtype: str = "float32") -> PolicyTrainer:
+    model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL, dtype=dtype))
+    policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"),
+                            master_weights=True)["shared"]
     if weights is not None:  # as a resume loads the checkpoint's weights before the trainer is built
         policy.model.load_state_dict(weights)
     cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-3, steps=4, mini_batch_size=4, loss_type=loss_type,
@@ -75,6 +76,16 @@ def _resumed(tmp: str, world: World, first: tuple[dict[str, torch.Tensor], dict]
     second.load_state_dict(copy.deepcopy(state))  # a load may keep views of the state: leave the caller's intact
     second.update(_rows(1), random.Random(1))
     return _weights(second)
+
+
+def _bf16(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], ...]:
+    """One bnpo step in bf16 (fp32 masters): the masters a checkpoint holds and the policy's weights after it, and
+    the policy's weights before it."""
+    trainer = _trainer(tmp, "bnpo", world, "fsdp2" if world.size > 1 else "none", dtype="bfloat16")
+    before = _weights(trainer)
+    trainer.update(_rows(0), random.Random(0))
+    masters = trainer.master_weights()
+    return {k: v.clone() for k, v in (masters or trainer.learner.state_dict()).items()}, _weights(trainer), before
 
 
 def _worker(rank: int, port: int, tmp: str, out: str) -> None:
@@ -117,6 +128,33 @@ def test_two_process_update_equals_one_process_update(tmp_path):
     for key, value in ones["bnpo"][0].items():
         torch.testing.assert_close(two["resumed"][key], value, atol=2e-6, rtol=1e-5, msg=f"resumed: {key}")
         torch.testing.assert_close(one_resumed[key], value, atol=2e-6, rtol=1e-5, msg=f"resumed in one: {key}")
+
+
+def test_a_sharded_bf16_policy_keeps_fp32_masters_and_acts_through_a_bf16_copy(tmp_path):
+    """Sharded, the learner holds fp32 masters (what a checkpoint saves) and the policy a whole bf16 copy of
+    them; the masters take one process's update on the same rows, up to bf16 compute noise (Adam's first step
+    is about ±lr per weight, so a sign flipped by noise shows as one lr: compared on average)."""
+    out = tmp_path / "two.pt"
+    mp.spawn(_bf16_worker, args=(free_port(), str(tmp_path), str(out)), nprocs=2, join=True)
+    masters, whole, _ = torch.load(out, weights_only=False)
+    one, _, before = _bf16(str(tmp_path / "one"), World())
+    for key, value in whole.items():
+        assert value.dtype == torch.bfloat16 and masters[key].dtype == torch.float32, key
+        assert torch.equal(value, masters[key].to(torch.bfloat16)), key
+        update = (one[key] - before[key]).abs().mean()
+        assert update > 1e-4, key  # the step changed every tensor
+        assert (masters[key] - one[key]).abs().mean() < 0.05 * update, key
+
+
+def _bf16_worker(rank: int, port: int, tmp: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), CUDA_VISIBLE_DEVICES="")
+    torch.set_num_threads(1)
+    init_from_launcher()
+    result = _bf16(tmp, World.current())
+    if rank == 0:
+        torch.save(result, out)
+    dist.destroy_process_group()
 
 
 def test_loss_weights_add_up_to_the_whole_batch():
