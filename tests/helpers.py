@@ -84,9 +84,11 @@ class ScriptedGenerator:
         self.rng = random.Random(seed)
         self.calls = 0
         self.batches: list[tuple[str, int]] = []
+        self.started: list[list[str]] = []
 
     def start(self, policies):
-        """Nothing to start (the backend protocol's hook before each rollout)."""
+        """Records the policies a rollout is about to act with (the backend protocol's hook before each rollout)."""
+        self.started.append([p.name for p in policies])
 
     def release(self):
         """Nothing to free (the backend protocol's hook before the policies train)."""

@@ -1,7 +1,8 @@
 """Data-parallel training across processes (``torchrun`` / ``accelerate launch``): who this process is,
 and the few collectives the loop needs.
 
-Every rank holds every policy. A step's tasks are dealt to the ranks (a task's K rollouts stay on
+Every rank holds every policy (under ``trainer.sharding=fsdp2`` a whole copy to act with, the learner split
+across the ranks: ``training/sharding.py``). A step's tasks are dealt to the ranks (a task's K rollouts stay on
 one rank, so groups stay whole), the rows are gathered so every rank holds the step's full table,
 and each policy's update is data-parallel: every mini-batch is split across the ranks, each rank's
 loss is weighted by its share of the mini-batch, and the gradients are averaged before the

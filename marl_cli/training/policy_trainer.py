@@ -12,7 +12,8 @@ advantage with β = 0, e.g. every row of an equal-reward group) get the forward 
 no loss forward or backward: the others' loss is weighted by their share of the mini-batch's normaliser, so
 the update is the full mini-batch's. Rows that share a prompt run it through the model once, in the
 scoring and in the loss (``shared_prompt_forward``). A bf16/fp16 policy trains with
-fp32 master weights and optimiser state under autocast. Every step reports what RL researchers look
+fp32 master weights and optimiser state under autocast; ``trainer.sharding=fsdp2`` splits the learner across
+the processes (``training/sharding.py``). Every step reports what RL researchers look
 at: the sampler-vs-learner log-prob gap, entropy, KL to the old policy and to the reference, clip
 fractions and advantage statistics.
 """

@@ -55,6 +55,7 @@ def test_evaluate_counts_pass_at_k_per_task(tmp_path):
     run = Run(cfg, tmp_path, workflow, {"agent": "shared"}, policies, {"agent": "shared"}, ScriptedGenerator(answer),
               sampling, sampling)
     metrics = evaluate(run, samples=3, pass_k=(1, 2, 3))
+    assert run.generator.started == [["shared"]]  # the backend started the acting policies before playing
     assert metrics["eval/success"] == pytest.approx(6 / 18)
     assert metrics["eval/pass@1"] == pytest.approx(6 / 18)
     assert metrics["eval/pass@2"] == pytest.approx((0 + 2 / 3 + 1) * 2 / 6)
