@@ -64,8 +64,12 @@ def gather_into(learner: torch.nn.Module, whole: torch.nn.Module) -> None:
 
 
 def master_weights(learner: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The learner's whole fp32 weights by name, on the CPU (every rank calls it; rank 0's holds them)."""
-    return get_model_state_dict(learner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    """The learner's whole fp32 weights by name, on the CPU, a tied parameter under its first name only (as the
+    model saves itself); every rank calls it, rank 0's holds them."""
+    state = get_model_state_dict(learner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    tied = ({n for n, _ in learner.named_parameters(remove_duplicate=False)}
+            - {n for n, _ in learner.named_parameters()})
+    return {name: value for name, value in state.items() if name not in tied}
 
 
 def optimizer_state(learner: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
