@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,13 +58,27 @@ class SQLiteStore(Store):
             self._conn = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
-            self._conn.execute("PRAGMA journal_mode=WAL")  # creates the file
+            self._use_wal(busy_timeout_s)
             self._identity = self._file_identity()
             with self._write() as conn:
                 for statement in _SCHEMA:
                     conn.execute(statement)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"store.path={str(path)!r}: cannot open the SQLite store ({exc})") from exc
+
+    def _use_wal(self, timeout_s: float) -> None:
+        """Switch the file to WAL (the first open creates it). The switch needs an exclusive lock, and SQLite
+        fails it at once, without its busy wait, while another connection writes (two processes opening a new
+        store together): retry until ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def _file_identity(self) -> tuple[int, int] | None:
         try:

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -381,6 +382,24 @@ def test_redis_with_a_password(tmp_path):
             with pytest.raises(ConfigError, match="store.password") as info:
                 build_store(OmegaConf.structured(StoreConfig(**cfg, password=password)))
             assert "\n" not in str(info.value)
+
+
+def test_a_store_opened_while_another_process_writes_waits_for_it(tmp_path):
+    """Switching a file to WAL needs an exclusive lock, which SQLite refuses at once (no busy wait) while another
+    connection writes: the decoupled trainers open a new store together, so opening waits for the writer."""
+    path = tmp_path / "store.sqlite"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (x)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO other VALUES (1)")
+    done = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
+    done.start()
+    start = time.monotonic()
+    store = SQLiteStore(path, "run")
+    done.join()
+    assert time.monotonic() - start >= 0.25  # it waited for the writer instead of failing
+    store.close()
+    writer.close()
 
 
 def test_a_deleted_or_replaced_sqlite_file_stops_the_store(tmp_path):
