@@ -103,10 +103,9 @@ class VLLMGenerator:
         """The engine serving ``policy``'s model, started on first use, holding the learner's current weights
         (an adapter policy's: its frozen base)."""
         key = self._key(policy)
-        if key not in self.engines:
-            self.engines[key] = self._start(policy)
-        elif self.settings.enable_sleep_mode:
+        if key in self.engines and self.settings.enable_sleep_mode:
             self.engines[key].wake_up()
+        self.start([policy])
         if policy.adapter is None:
             state = fingerprint(policy)
             weights = policy.model.state_dict().items()

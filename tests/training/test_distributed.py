@@ -5,7 +5,9 @@ import copy
 import json
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -88,26 +90,36 @@ def _bf16(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], ...]:
     return {k: v.clone() for k, v in (masters or trainer.learner.state_dict()).items()}, _weights(trainer), before
 
 
-def _worker(rank: int, port: int, tmp: str, out: str) -> None:
+def _every_run(tmp: str, world: World) -> dict:
+    results: dict = {(t, s): _train(tmp, t, world, s) for t, s in RUNS}  # one run dir, as under torchrun
+    results["first"] = _first_step(tmp, world)
+    results["resumed"] = _resumed(tmp, world, results["first"])
+    return results
+
+
+def _worker(rank: int, port: int, work: Callable[[str, World], Any], tmp: str, out: str) -> None:
+    """One of two gloo processes: ``work(tmp, world)``, rank 0's result saved to ``out``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), CUDA_VISIBLE_DEVICES="")
     torch.set_num_threads(1)
     init_from_launcher()
-    world = World.current()
-    results = {(t, s): _train(tmp, t, world, s) for t, s in RUNS}  # one run dir, as under torchrun
-    results["first"] = _first_step(tmp, world)
-    results["resumed"] = _resumed(tmp, world, results["first"])
+    result = work(tmp, World.current())
     if rank == 0:
-        torch.save(results, out)
+        torch.save(result, out)
     dist.destroy_process_group()
+
+
+def _in_two_processes(work: Callable[[str, World], Any], tmp_path: Path) -> Any:
+    """Rank 0's result of ``work`` run by two gloo processes sharing the dir ``tmp_path``."""
+    out = tmp_path / "two.pt"
+    mp.spawn(_worker, args=(free_port(), work, str(tmp_path), str(out)), nprocs=2, join=True)
+    return torch.load(out, weights_only=False)
 
 
 def test_two_process_update_equals_one_process_update(tmp_path):
     """Plain data parallelism for every loss type, FSDP2 sharding for two (and its optimiser state saved whole and
     loaded back by two processes and by one), against one process training the same rows."""
-    out = tmp_path / "two.pt"
-    mp.spawn(_worker, args=(free_port(), str(tmp_path), str(out)), nprocs=2, join=True)
-    two = torch.load(out, weights_only=False)
+    two = _in_two_processes(_every_run, tmp_path)
     ones = {}
     for loss_type, sharding in RUNS:
         if loss_type not in ones:
@@ -134,9 +146,7 @@ def test_a_sharded_bf16_policy_keeps_fp32_masters_and_acts_through_a_bf16_copy(t
     """Sharded, the learner holds fp32 masters (what a checkpoint saves) and the policy a whole bf16 copy of
     them; the masters take one process's update on the same rows, up to bf16 compute noise (Adam's first step
     is about ±lr per weight, so a sign flipped by noise shows as one lr: compared on average)."""
-    out = tmp_path / "two.pt"
-    mp.spawn(_bf16_worker, args=(free_port(), str(tmp_path), str(out)), nprocs=2, join=True)
-    masters, whole, _ = torch.load(out, weights_only=False)
+    masters, whole, _ = _in_two_processes(_bf16, tmp_path)
     one, _, before = _bf16(str(tmp_path / "one"), World())
     assert set(whole) - set(masters) == {"lm_head.weight"}  # the tied head is saved once, as the model saves it
     for key, master in masters.items():
@@ -146,17 +156,6 @@ def test_a_sharded_bf16_policy_keeps_fp32_masters_and_acts_through_a_bf16_copy(t
         update = (one[key] - before[key]).abs().mean()
         assert update > 1e-4, key  # the step changed every tensor
         assert (masters[key] - one[key]).abs().mean() < 0.05 * update, key
-
-
-def _bf16_worker(rank: int, port: int, tmp: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), CUDA_VISIBLE_DEVICES="")
-    torch.set_num_threads(1)
-    init_from_launcher()
-    result = _bf16(tmp, World.current())
-    if rank == 0:
-        torch.save(result, out)
-    dist.destroy_process_group()
 
 
 def test_loss_weights_add_up_to_the_whole_batch():
