@@ -7,8 +7,8 @@ zero-advantage rows back-propagated too), both again with every row running its 
 sharing), the greedy evaluation, sandbox throughput when the run executes
 code, the SQLite store's write/read/acknowledge throughput for sub-trajectory-sized items, and the
 process's peak RSS. ``--backends`` (``make bench-vllm``, in the vLLM venv) compares the rollout backends
-instead: vLLM against HF ``generate`` on the same prompts, for the tiny model and a Qwen2.5-0.5B-shaped
-one, in completion tokens per second.
+instead: vLLM against HF ``generate`` on the same prompts (a step's groups: 16 prompts × 8 samples), for
+the tiny model and a Qwen2.5-0.5B-shaped one, in completion tokens per second.
 Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import resource
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -108,37 +109,51 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
 
 
 SHAPES = {
-    "tiny": [],
-    "qwen2.5-0.5b-shaped": ["model.tiny.hidden_size=896", "model.tiny.intermediate_size=4864",
-                            "model.tiny.num_hidden_layers=24", "model.tiny.num_attention_heads=14",
-                            "model.tiny.num_key_value_heads=2", "model.tiny.head_dim=64"],
+    "tiny": ([], (64, 512)),
+    "qwen2.5-0.5b-shaped": (["model.tiny.hidden_size=896", "model.tiny.intermediate_size=4864",
+                             "model.tiny.num_hidden_layers=24", "model.tiny.num_attention_heads=14",
+                             "model.tiny.num_key_value_heads=2", "model.tiny.head_dim=64"], (64,)),
 }
-"""Model shapes the backend comparison runs (random weights; the tiny character tokenizer's vocabulary)."""
+"""Model shapes the backend comparison runs (random weights; the tiny character tokenizer's vocabulary), each
+with the completion lengths it is measured at (HF's cost per token grows with the length; the 0.5B shape's HF
+side takes minutes a call already at 64)."""
 
 
-def measure_backends(repeats: int, prompts: int = 128, new_tokens: int = 64) -> dict[str, object]:
-    """Completion tokens per second of ``rollout=vllm`` and ``rollout=hf`` on the same prompts, per model shape."""
-    report: dict[str, object] = {"prompts": prompts, "max_new_tokens": new_tokens, "temperature": 1.0}
-    sampling = Sampling(1.0, max_new_tokens=new_tokens)
-    for shape, overrides in SHAPES.items():
+def cold_generate(vllm: object, generator: object, policy: object, texts: list[str], sampling: Sampling) -> list:
+    """``generator``'s completions of ``texts`` with every vLLM engine's prefix cache emptied first."""
+    for engine in vllm.engines.values():
+        engine.reset_prefix_cache()
+    return generator.generate(policy, texts, sampling)
+
+
+def measure_backends(repeats: int, overrides: list[str], tasks: int = 16, group: int = 8) -> dict[str, object]:
+    """Completion tokens per second of ``rollout=vllm`` and ``rollout=hf`` on the same prompts, per model shape and
+    completion length: ``tasks`` prompts sampled ``group`` times each, as one training step's groups are. Every
+    vLLM call starts from an empty prefix cache, so no call reuses a prompt an earlier repeat prefilled."""
+    report: dict[str, object] = {"prompts": tasks, "samples_per_prompt": group, "temperature": 1.0,
+                                 "overrides": overrides}
+    for shape, (shape_overrides, lengths) in SHAPES.items():
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[*overrides, "rollout=vllm", "workflow=tool_plan",
-                                                          "algorithm=at_grpo", "logger=none"])
+            cfg = compose(config_name="train", overrides=[*shape_overrides, "rollout=vllm", "workflow=tool_plan",
+                                                          "algorithm=at_grpo", "logger=none",
+                                                          f"rollout.max_new_tokens={max(lengths)}", *overrides])
         with tempfile.TemporaryDirectory() as tmp:
             run = build_run(cfg, Path(tmp))
-            policy = run.policies["shared"]
-            states = [run.workflow.initial_state(run.workflow.env.task("train", i)) for i in range(prompts)]
-            texts = [run.workflow.prompt("plan", s) for s in states]
+            policy, vllm, hf = run.policies["shared"], run.generator, HFGenerator()
+            states = [run.workflow.initial_state(run.workflow.env.task("train", i)) for i in range(tasks)]
+            texts = [run.workflow.prompt("plan", s) for s in states for _ in range(group)]
             t0 = time.perf_counter()
-            run.generator.generate(policy, texts[:1], sampling)
-            start_s = time.perf_counter() - t0
-            result = {"engine_start_s": start_s}
-            for name, generator in (("vllm", run.generator), ("hf", HFGenerator())):
-                seconds, gens = timed(lambda g=generator, p=policy, t=texts: g.generate(p, t, sampling), repeats)
-                tokens = sum(len(g.completion_ids) for g in gens)
-                result[f"{name}_s"] = seconds
-                result[f"{name}_tokens_per_s"] = tokens / seconds
-            result["vllm_over_hf"] = result["vllm_tokens_per_s"] / result["hf_tokens_per_s"]
+            vllm.start([policy])
+            result: dict[str, object] = {"engine_start_s": time.perf_counter() - t0}
+            for new_tokens in lengths:
+                sampling = Sampling(1.0, max_new_tokens=new_tokens)
+                cell: dict[str, float] = {}
+                for name, generator in (("vllm", vllm), ("hf", hf)):
+                    seconds, gens = timed(partial(cold_generate, vllm, generator, policy, texts, sampling), repeats)
+                    cell[f"{name}_s"] = seconds
+                    cell[f"{name}_tokens_per_s"] = sum(len(g.completion_ids) for g in gens) / seconds
+                cell["vllm_over_hf"] = cell["vllm_tokens_per_s"] / cell["hf_tokens_per_s"]
+                result[f"new_tokens_{new_tokens}"] = cell
             result["torch_threads"] = torch.get_num_threads()  # HF's, after the engine started
             report[shape] = result
     return report
@@ -169,6 +184,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backends", action="store_true", help="compare the rollout backends (vLLM vs HF) "
                         "instead; needs vLLM")
+    parser.add_argument("--override", action="append", default=[], help="a config override for the backend "
+                        "comparison (repeatable), e.g. rollout.vllm.enforce_eager=false")
     parser.add_argument("--experiment", action="append", help="an experiment whose settings are measured "
                         "(repeatable; default: embedded, toy/plan_path_at_grpo_shared, toy/research_mgrpo)")
     args = parser.parse_args()
@@ -180,7 +197,7 @@ def main() -> None:
         "repeats": args.repeats,
     }
     if args.backends:
-        report["backends"] = measure_backends(args.repeats)
+        report["backends"] = measure_backends(args.repeats, args.override)
     else:
         report["experiments"] = {name: measure(name, args.repeats) for name in experiments}
         report["store"] = measure_store(512, args.repeats)
