@@ -11,6 +11,7 @@ import os
 import time
 from contextlib import ExitStack
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,9 @@ class ProgressLog(TrainerCallback):
                  elapsed, left)
 
 
-def warm_start(policy: Policy, workflow: Workflow, cfg: Any, sampling: Sampling, output_dir: Path,
-               seed: int, progress: bool = False, world: World | None = None) -> dict[str, float]:
-    """Fine-tune ``policy`` on demonstrations for its roles; return TRL's final training metrics.
+def warm_start(policy: Policy, data: Dataset, cfg: Any, output_dir: Path, seed: int, progress: bool = False,
+               world: World | None = None) -> dict[str, float]:
+    """Fine-tune ``policy`` on ``data`` (``demonstrations`` for its roles); return TRL's final training metrics.
 
     A bf16/fp16 policy with fp32 master weights trains under autocast (TRL's mixed precision);
     ``progress`` shows TRL's progress bar. Across several processes (``world``) TRL trains data-parallel,
@@ -99,7 +100,6 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, sampling: Sampling,
     """
     world = world or World()
     start = time.perf_counter()
-    data = demonstrations(workflow, policy.roles, cfg.num_examples, sampling, policy)
     log.info("warm start %s (roles %s): %d demonstrations, %s epochs", policy.name, ", ".join(policy.roles),
              len(data), cfg.epochs)
     steps = math.ceil(len(data) / cfg.batch_size) * math.ceil(cfg.epochs)
@@ -132,14 +132,17 @@ def warm_start(policy: Policy, workflow: Workflow, cfg: Any, sampling: Sampling,
             "steps": float(result.global_step)}
 
 
-def warm_start_key(cfg: DictConfig, roles: list[str]) -> str:
+def warm_start_key(cfg: DictConfig, roles: list[str], data: Dataset) -> str:
     """What decides a warm start's weights: the model, env (but its eval size), workflow, warm-start
-    settings, its seed (``init_seed``) and the roles whose demonstrations it trains on."""
+    settings, its seed (``init_seed``), the roles, the demonstrations themselves (so a changed prompt or
+    oracle in the code is a new entry) and the versions of the libraries that train on them."""
     parts: dict[str, Any] = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "env", "workflow")}
     parts["env"].pop("eval_size", None)
     parts["warmstart"] = {k: v for k, v in OmegaConf.to_container(cfg.trainer.warmstart, resolve=True).items()
                           if k != "cache"}
-    parts.update(seed=init_seed(cfg), roles=roles, sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True))
+    demos = hashlib.sha256(json.dumps(data.to_dict(), sort_keys=True).encode()).hexdigest()
+    parts.update(seed=init_seed(cfg), roles=roles, sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True),
+                 demonstrations=demos, libraries={name: version(name) for name in ("torch", "transformers", "trl")})
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -151,21 +154,23 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
     warm start, or an RL hyperparameter sweep) train it once; a job that finds another job warming up
     the same entry waits for it (a file lock). Without a cache dir every run warm-starts itself. In a
     multi-process run rank 0 alone reads and writes the cache (the other ranks get its weights after
-    the warm start, ``Trainer.prepare``).
+    the warm start, ``Trainer.prepare``). The demonstrations are drawn first either way: they are part
+    of the key.
     """
     world = world or World()
     ws = cfg.trainer.warmstart
+    sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
+    seed = init_seed(cfg)  # a pinned warm-start seed draws its demonstrations from its own tasks
+    team = workflow if seed == cfg.seed else build_team(cfg, seed, workflow.env.sandbox)
+    data = demonstrations(team, policy.roles, ws.num_examples, sampling, policy)
 
     def train() -> dict[str, float]:
-        sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
-        seed = init_seed(cfg)  # a pinned warm-start seed draws its demonstrations from its own tasks
-        team = workflow if seed == cfg.seed else build_team(cfg, seed, workflow.env.sandbox)
-        return warm_start(policy, team, ws, sampling, output_dir, seed, cfg.progress, world)
+        return warm_start(policy, data, ws, output_dir, seed, cfg.progress, world)
 
     if not ws.cache:
         return train()
     root = Path(ws.cache).expanduser()
-    key = warm_start_key(cfg, policy.roles)
+    key = warm_start_key(cfg, policy.roles, data)
     entry = root / key
     with ExitStack() as held:
         if world.main:

@@ -3,6 +3,7 @@
 import json
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -135,6 +136,14 @@ def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
     policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 1, tmp_path / "s1",
                               torch.device("cpu"))
     assert warm_start_all(policies, workflow, cfg, tmp_path / "s1")["warmstart/base/cached"] == 0.0
+    # the same config over an edited prompt (code, not config) demonstrates differently: a new entry
+    cfg = _cfg(*few, "policy=shared", "env.eval_size=3")
+    workflow = build_team(cfg)
+    prompt = type(workflow).prompt
+    policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 0, tmp_path / "edited",
+                              torch.device("cpu"))
+    with mock.patch.object(type(workflow), "prompt", lambda self, role, state: prompt(self, role, state) + "!"):
+        assert warm_start_all(policies, workflow, cfg, tmp_path / "edited")["warmstart/shared/cached"] == 0.0
 
 
 def test_a_pinned_warm_start_seed_gives_every_run_seed_the_same_warm_start(tmp_path):
