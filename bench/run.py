@@ -126,13 +126,17 @@ def cold_generate(vllm: object, generator: object, policy: object, texts: list[s
     return generator.generate(policy, texts, sampling)
 
 
-def measure_backends(repeats: int, overrides: list[str], tasks: int = 16, group: int = 8) -> dict[str, object]:
+def measure_backends(repeats: int, overrides: list[str], tasks: int = 16, group: int = 8,
+                     shapes: list[str] | None = None, new_tokens: list[int] | None = None) -> dict[str, object]:
     """Completion tokens per second of ``rollout=vllm`` and ``rollout=hf`` on the same prompts, per model shape and
     completion length: ``tasks`` prompts sampled ``group`` times each, as one training step's groups are. Every
-    vLLM call starts from an empty prefix cache, so no call reuses a prompt an earlier repeat prefilled."""
+    vLLM call starts from an empty prefix cache, so no call reuses a prompt an earlier repeat prefilled.
+    ``shapes`` and ``new_tokens`` narrow the run to some shapes and completion lengths."""
     report: dict[str, object] = {"prompts": tasks, "samples_per_prompt": group, "temperature": 1.0,
                                  "overrides": overrides}
-    for shape, (shape_overrides, lengths) in SHAPES.items():
+    for shape in shapes or SHAPES:
+        shape_overrides, lengths = SHAPES[shape]
+        lengths = new_tokens or lengths
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             cfg = compose(config_name="train", overrides=[*shape_overrides, "rollout=vllm", "workflow=tool_plan",
                                                           "algorithm=at_grpo", "logger=none",
@@ -186,6 +190,12 @@ def main() -> None:
                         "instead; needs vLLM")
     parser.add_argument("--override", action="append", default=[], help="a config override for the backend "
                         "comparison (repeatable), e.g. rollout.vllm.enforce_eager=false")
+    parser.add_argument("--shape", action="append", choices=list(SHAPES), help="backend comparison: a model "
+                        "shape to run (repeatable; default: all)")
+    parser.add_argument("--new-tokens", type=int, action="append", help="backend comparison: a completion "
+                        "length (repeatable; default: each shape's)")
+    parser.add_argument("--prompts", type=int, default=16, help="backend comparison: prompts per call")
+    parser.add_argument("--samples", type=int, default=8, help="backend comparison: samples per prompt")
     parser.add_argument("--experiment", action="append", help="an experiment whose settings are measured "
                         "(repeatable; default: embedded, toy/plan_path_at_grpo_shared, toy/research_mgrpo)")
     args = parser.parse_args()
@@ -197,7 +207,8 @@ def main() -> None:
         "repeats": args.repeats,
     }
     if args.backends:
-        report["backends"] = measure_backends(args.repeats, args.override)
+        report["backends"] = measure_backends(args.repeats, args.override, args.prompts, args.samples, args.shape,
+                                              args.new_tokens)
     else:
         report["experiments"] = {name: measure(name, args.repeats) for name in experiments}
         report["store"] = measure_store(512, args.repeats)
