@@ -4,8 +4,9 @@ Measures, with each experiment's composed settings (the embedded single-agent ru
 tree run and the toy M-GRPO run by default): batched sampling of one step (completions and tokens per
 second, generate calls), the per-policy update of that step's rows (and the same update with its
 zero-advantage rows back-propagated too), both again with every row running its own prompt (no prompt
-sharing), the greedy evaluation, sandbox throughput when the run executes
-code, the SQLite store's write/read/acknowledge throughput for sub-trajectory-sized items, and the
+sharing; the sampling then decodes into generate's own key/value cache), the greedy evaluation, sandbox
+throughput when the run executes code, the SQLite store's write/read/acknowledge throughput for
+sub-trajectory-sized items, and the
 process's peak RSS. ``--backends`` (``make bench-vllm``, in the vLLM venv) compares the rollout backends
 instead: vLLM against HF ``generate`` on the same prompts (a step's groups: 16 prompts × 8 samples), for
 the tiny model and a Qwen2.5-0.5B-shaped one, in completion tokens per second.
@@ -98,7 +99,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         "update_rows_per_s": len(rows) / update_s,
         "update_trained_row_fraction": statistics.mean(s.get("trained_row_fraction", 0.0) for s in stats),
         "update_every_row_s": update_full_s,  # trainer.skip_zero_advantage=false: zero-advantage rows back-propagated
-        "rollout_unshared_prompts_s": rollout_unshared_s,  # each row's prompt prefilled on its own
+        "rollout_unshared_prompts_s": rollout_unshared_s,  # generate's own prefill (each row's prompt) and cache
         "update_unshared_prompts_s": update_unshared_s,  # each row's prompt scored and trained on its own
         "eval_greedy_s": eval_s,
     })

@@ -6,7 +6,8 @@ including the first end token (every end token the model's generation config nam
 tokenizer's EOS), or all ``max_new_tokens`` when none came. With each completion come the sampler's
 log-probabilities of its tokens, taken from the logits after temperature, top-k and top-p, which is
 what the learner's log-probabilities are checked against. A prompt that several rows share (a group's K
-samples) is prefilled once (``rollout/prefix.py``).
+samples) is prefilled once (``rollout/prefix.py``), at the learner's positions, and decoding appends to a
+key/value cache that grows in place (``rollout/growing_cache.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
+from marl_cli.rollout.growing_cache import grow_in_place
 from marl_cli.rollout.padding import pad_rows
-from marl_cli.rollout.prefix import shared_prompt_cache
+from marl_cli.rollout.prefix import cache_argument, shared_prompt_cache
 
 
 @dataclass
@@ -164,9 +166,10 @@ class HFGenerator:
             kwargs = {"do_sample": False} if sampling.temperature <= 0 else {
                 "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0}
             with compute_precision(policy):
-                cache = shared_prompt_cache(model, input_ids, attention_mask) or {}  # a group's prompt once
+                cache = shared_prompt_cache(model, input_ids, attention_mask, always=True) or {}  # a prompt once
                 if cache:  # the cache holds the prompts at the learner's positions (0.., pads included), not
                     # generate's padding-aware ones: the new tokens must continue from the same positions
+                    grow_in_place(cache[cache_argument(model)])
                     cache["position_ids"] = torch.arange(input_ids.size(1), device=model.device).expand_as(input_ids)
                 out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                      max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
