@@ -16,13 +16,14 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
     under; the caller feeds each row's last prompt token and what follows with it, at the full forward's
     positions and masks.
 
-    None when the prompts cannot be cached apart (``cacheable``), when no two rows share a prompt unless
-    ``always``, or when the model returned no cache: the caller then runs the plain forward.
+    None when no two rows share a prompt (unless ``always``: generation runs every prompt this way), a prompt
+    is a single token wide, or the model keeps no cache (its layers checkpoint activations in train mode): the
+    caller then runs the plain forward.
     """
     width = prompt_ids.size(1)
-    if not cacheable(model, width):
+    if width < 2 or (model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())):
         return None
-    distinct, row_prompt = _distinct(prompt_ids, prompt_mask)
+    distinct, row_prompt = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     if len(distinct) == len(prompt_ids) and not always:
         return None
     prefix = model(input_ids=distinct[:, :width - 1], attention_mask=distinct[:, width:2 * width - 1],
@@ -32,23 +33,6 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
         return None
     cache.batch_select_indices(row_prompt)
     return {cache_argument(model): cache}
-
-
-def cacheable(model: Any, width: int) -> bool:
-    """Whether prompts ``width`` tokens wide can run ahead of what follows them: not a single token wide, and the
-    model keeps a cache (its layers do not checkpoint activations in train mode)."""
-    return width >= 2 and not (model.training and any(getattr(m, "gradient_checkpointing", False)
-                                                      for m in model.modules()))
-
-
-def shares_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> bool:
-    """Whether two rows of the batch have the same (left-padded) prompt."""
-    return len(_distinct(prompt_ids, prompt_mask)[0]) < len(prompt_ids)
-
-
-def _distinct(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each distinct prompt as one row of its ids then its mask, and each row's index into them."""
-    return torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
 
 
 def cache_argument(model: Any) -> str:

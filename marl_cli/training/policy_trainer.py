@@ -165,8 +165,9 @@ def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: t
 
 class _GRPOLoss(GRPOTrainer):
     """TRL's GRPOTrainer, remembering the per-token log-probs of its last forward (for the KL to the old policy)
-    and running a prompt that several rows share once (not on a sharded learner, whose forward passes are
-    collective: every rank must run as many, and whether rows share a prompt differs between the ranks)."""
+    and running a prompt that several rows share once (not on a sharded learner: sharing runs every layer twice,
+    prompts then completions, before the backward, and FSDP2's per-layer hooks free a layer's gathered weights
+    after the completions' backward through it, before the prompts' backward needs them)."""
 
     last_logps: torch.Tensor | None = None
     sharded: Any = None
