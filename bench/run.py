@@ -6,10 +6,9 @@ second, generate calls), the per-policy update of that step's rows (and the same
 zero-advantage rows back-propagated too), both again with every row running its own prompt (no prompt
 sharing; the sampling then decodes into generate's own key/value cache), the greedy evaluation, sandbox
 throughput when the run executes code, the SQLite store's write/read/acknowledge throughput for
-sub-trajectory-sized items, and the
-process's peak RSS. ``--backends`` (``make bench-vllm``, in the vLLM venv) compares the rollout backends
-instead: vLLM against HF ``generate`` on the same prompts (a step's groups: 16 prompts × 8 samples), for
-the tiny model and a Qwen2.5-0.5B-shaped one, in completion tokens per second.
+sub-trajectory-sized items, and the process's peak RSS. ``--backends`` (``make bench-vllm``, in the vLLM
+venv) compares the rollout backends instead: vLLM against HF ``generate`` on the same prompts (a step's groups:
+16 prompts × 8 samples), for the tiny model and a Qwen2.5-0.5B-shaped one, in completion tokens per second.
 Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``)."""
 
 from __future__ import annotations
