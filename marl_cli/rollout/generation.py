@@ -166,7 +166,8 @@ class HFGenerator:
             kwargs = {"do_sample": False} if sampling.temperature <= 0 else {
                 "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0}
             with compute_precision(policy):
-                cache = shared_prompt_cache(model, input_ids, attention_mask, always=True) or {}  # a prompt once
+                cache = (shared_prompt_cache(model, input_ids, attention_mask, always=True)
+                         if takes_cache(model) else None) or {}  # each distinct prompt run once
                 if cache:  # the cache holds the prompts at the learner's positions (0.., pads included), not
                     # generate's padding-aware ones: the new tokens must continue from the same positions
                     grow_in_place(cache[cache_argument(model)])
@@ -183,6 +184,13 @@ class HFGenerator:
                 results.append(as_sampled(policy, row, generated[i].tolist(), lps, truncated[start + i], ends))
         model.train(was_training)
         return results
+
+
+def takes_cache(model: Any) -> bool:
+    """Whether ``generate`` decodes into a cache made outside it (a prompt run once, growing in place): not when
+    the model's generation config names a cache of its own (static, offloaded, quantized: transformers refuses
+    both; ``hybrid``, a hub default it drops, is fine)."""
+    return getattr(model.generation_config, "cache_implementation", None) in (None, "dynamic", "hybrid")
 
 
 def _warpers(sampling: Sampling) -> list[LogitsProcessor]:

@@ -7,7 +7,7 @@ from transformers.cache_utils import DynamicLayer
 
 from marl_cli.config.schema import ModelConfig
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.generation import HFGenerator, Sampling
+from marl_cli.rollout.generation import HFGenerator, Sampling, takes_cache
 from marl_cli.rollout.growing_cache import GrowingLayer, grow_in_place
 from tests.policies.test_tiny import SMALL
 
@@ -70,3 +70,18 @@ def test_generation_samples_the_same_with_the_growing_cache(tmp_path, monkeypatc
     assert [g.completion_ids for g in grown] == [g.completion_ids for g in plain]
     for one, other in zip(grown, plain, strict=True):
         assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+
+
+def test_a_model_that_names_its_own_cache_generates_with_it(tmp_path):
+    """transformers refuses a cache made outside ``generate`` when the generation config names one (static,
+    offloaded): such a model samples through its own cache, the same greedy tokens."""
+    cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
+    policy = build_policies({"agent": "shared"}, cfg, 0, tmp_path, torch.device("cpu"))["shared"]
+    prompts = ["Go from S to G on grid 1. Answer after ####.", "Go from S to G on grid 2 x. Answer after ####."] * 2
+    sampling = Sampling(0.0, max_new_tokens=12, use_chat_template=False)
+    ours = HFGenerator().generate(policy, prompts, sampling)
+    assert takes_cache(policy.model)
+    policy.model.generation_config.cache_implementation = "static"
+    assert not takes_cache(policy.model)
+    own = HFGenerator().generate(policy, prompts, sampling)
+    assert [g.completion_ids for g in own] == [g.completion_ids for g in ours]
