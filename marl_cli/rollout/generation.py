@@ -170,7 +170,7 @@ class HFGenerator:
                          if takes_cache(model) else None) or {}  # each distinct prompt run once
                 if cache:  # the cache holds the prompts at the learner's positions (0.., pads included), not
                     # generate's padding-aware ones: the new tokens must continue from the same positions
-                    grow_in_place(cache[cache_argument(model)])
+                    grow_in_place(cache[cache_argument(model)], input_ids.size(1) + sampling.max_new_tokens)
                     cache["position_ids"] = torch.arange(input_ids.size(1), device=model.device).expand_as(input_ids)
                 out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                      max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,

@@ -4,8 +4,8 @@ transformers' ``DynamicLayer`` appends each decoded token's keys and values by c
 the layer's whole cache, so a completion of n tokens costs O(n²) copying, which dominates decoding on a CPU past
 a few hundred tokens (≈ 70% of a 512-token rollout's time on the tiny model). ``GrowingLayer`` writes each step
 into spare room at the end of a buffer and hands back a view of the filled part: the same keys and values, the
-buffer doubling when full, so the copying is amortised O(1) per token and the memory at most twice what is
-filled (what ``torch.cat`` holds for a moment every step).
+buffer doubling when full (up to the longest the generation can reach), so the copying is amortised O(1) per
+token and the memory at most twice what is filled (what ``torch.cat`` holds for a moment every step).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class GrowingLayer(DynamicLayer):
     """
 
     buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    limit: int | None = None
+    """The most positions the layer will hold (a prompt's width plus the new tokens): no buffer grows past it."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +35,8 @@ class GrowingLayer(DynamicLayer):
         length = self.get_seq_length()
         end = length + key_states.shape[-2]
         if not self._fits(key_states, value_states, end):
-            self._grow(key_states, value_states, length, max(end, 2 * length))
+            doubled = 2 * length if self.limit is None else min(2 * length, self.limit)
+            self._grow(key_states, value_states, length, max(end, doubled))
         keys, values = self.buffers
         keys[..., length:end, :] = key_states
         values[..., length:end, :] = value_states
@@ -60,10 +63,12 @@ class GrowingLayer(DynamicLayer):
         self.buffers = (grown[0], grown[1])
 
 
-def grow_in_place(cache: Any) -> Any:
+def grow_in_place(cache: Any, limit: int | None = None) -> Any:
     """``cache`` with each of its plain ``DynamicLayer`` layers turned into a ``GrowingLayer`` (its keys and values
-    kept; sliding-window, static and other layers left as they are), for ``generate`` to decode into."""
+    kept; sliding-window, static and other layers left as they are), for ``generate`` to decode into; ``limit``:
+    the most positions it will hold."""
     for layer in getattr(cache, "layers", ()):
         if type(layer) is DynamicLayer:
             layer.__class__ = GrowingLayer
+            layer.limit = limit
     return cache

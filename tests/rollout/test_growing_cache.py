@@ -41,6 +41,22 @@ def test_growing_layer_holds_what_the_dynamic_layer_holds():
     assert growing.get_seq_length() == plain.get_seq_length() == 16
 
 
+def test_a_layer_grows_no_further_than_its_limit():
+    plain, layer = DynamicLayer(), DynamicLayer()
+    grow_in_place(type("Cache", (), {"layers": [layer]}), limit=12)
+    for i, length in enumerate([8, 1]):
+        plain.update(*_kv(2, length, i))
+        layer.update(*_kv(2, length, i))
+    assert layer.buffers[0].shape[-2] == 12  # 8 would double to 16: the limit holds it at 12
+    first = layer.buffers[0].data_ptr()
+    for i in range(2, 6):  # up to the limit in place, then one past it (grown to what it needs) still holds
+        plain.update(*_kv(2, 1, i))
+        layer.update(*_kv(2, 1, i))
+        assert (layer.buffers[0].data_ptr() == first) == (i < 5)
+    assert torch.equal(layer.keys, plain.keys) and torch.equal(layer.values, plain.values)
+    assert layer.get_seq_length() == 13
+
+
 def test_sliding_and_other_layers_are_left_alone():
     class Sliding(DynamicLayer):
         pass
@@ -62,7 +78,7 @@ def test_generation_samples_the_same_with_the_growing_cache(tmp_path, monkeypatc
     runs = []
     for grow in (True, False):
         if not grow:
-            monkeypatch.setattr("marl_cli.rollout.generation.grow_in_place", lambda cache: cache)
+            monkeypatch.setattr("marl_cli.rollout.generation.grow_in_place", lambda cache, limit=None: cache)
         torch.manual_seed(0)
         runs.append(HFGenerator().generate(policy, prompts, sampling))
     grown, plain = runs
