@@ -116,8 +116,8 @@ SHAPES = {
                              "model.tiny.num_key_value_heads=2", "model.tiny.head_dim=64"], (64,)),
 }
 """Model shapes the backend comparison runs (random weights; the tiny character tokenizer's vocabulary), each
-with the completion lengths it is measured at (HF's cost per token grows with the length; the 0.5B shape's HF
-side takes minutes a call already at 64)."""
+with the completion lengths it is measured at (the backends differ in decoding, so the tiny shape runs a long
+completion too; the 0.5B shape's HF side takes minutes a call already at 64)."""
 
 
 def cold_generate(vllm: Any, generator: Any, policy: Any, texts: list[str], sampling: Sampling) -> list:
