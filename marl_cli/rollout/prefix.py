@@ -28,7 +28,7 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
         return None
     prefix = model(input_ids=distinct[:, :width - 1], attention_mask=distinct[:, width:2 * width - 1],
                    use_cache=True, logits_to_keep=1)
-    cache = prefix.get("cache", prefix.get("past_key_values"))
+    cache = prefix["cache"] if "cache" in prefix else prefix.get("past_key_values")
     if cache is None or cache.get_seq_length() != width - 1:
         return None
     cache.batch_select_indices(row_prompt)
