@@ -35,7 +35,14 @@ from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.prefix import shared_prompt_cache
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
-from marl_cli.training.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
+from marl_cli.training.sharding import (
+    gather_into,
+    load_optimizer_state,
+    master_weights,
+    optimizer_state,
+    regathered_prompt,
+    split,
+)
 
 CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""
@@ -146,14 +153,17 @@ def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch
 
 
 def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                          entropy: bool, autocast: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                          entropy: bool, autocast: Any,
+                          always: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens of each row (the completion),
-    each distinct prompt running once (``shared_prompt_cache``), scored by TRL's fused head as its own forward
-    scores them: the same numbers up to float rounding; gradients flow through the cache's copies back to the
-    shared prompt pass. None where ``shared_prompt_cache`` is (the caller then runs TRL's forward)."""
+    each distinct prompt running once (``shared_prompt_cache``, ``always`` as there), scored by TRL's fused head
+    as its own forward scores them: the same numbers up to float rounding; gradients flow through the cache's
+    copies back to the shared prompt pass (on an FSDP2-sharded learner too: ``regathered_prompt``). None where
+    ``shared_prompt_cache`` is (the caller then runs TRL's forward)."""
     width = input_ids.size(1) - logits_to_keep
     with autocast():
-        cache = shared_prompt_cache(model, input_ids[:, :width], attention_mask[:, :width])
+        with regathered_prompt(model):
+            cache = shared_prompt_cache(model, input_ids[:, :width], attention_mask[:, :width], always)
         if cache is None:
             return None
         tail = input_ids[:, width - 1:]
@@ -165,12 +175,12 @@ def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: t
 
 class _GRPOLoss(GRPOTrainer):
     """TRL's GRPOTrainer, remembering the per-token log-probs of its last forward (for the KL to the old policy)
-    and running a prompt that several rows share once (not on a sharded learner: sharing runs every layer twice,
-    prompts then completions, before the backward, and FSDP2's per-layer hooks free a layer's gathered weights
-    after the completions' backward through it, before the prompts' backward needs them)."""
+    and running a prompt that several rows share once."""
 
     last_logps: torch.Tensor | None = None
     sharded: Any = None
+    """The FSDP2-sharded learner, if any: its forwards are collective, so every rank takes the same path."""
+    world: World = World()
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                            logits_to_keep: int, batch_size: int | None = None,
@@ -178,10 +188,14 @@ class _GRPOLoss(GRPOTrainer):
         """TRL's, except that rows sharing a prompt share its forward pass (``shared_prompt_forward``; text-only
         inputs without TRL's MoE auxiliary loss, unchunked)."""
         shared = None
-        if model is not self.sharded and (batch_size is None or batch_size >= len(input_ids)) and \
+        if (batch_size is None or batch_size >= len(input_ids)) and \
                 not any(value is not None and value is not False for value in kwargs.values()):
-            shared = shared_prompt_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy,
-                                           self.accelerator.autocast)
+            # sharded, each rank's forward gathers every layer's weights with the others': all ranks run their
+            # prompts ahead (shared or not), or none does (a prompt one token wide)
+            collective = model is self.sharded
+            if not collective or all(self.world.gather(input_ids.size(1) - logits_to_keep >= 2)):
+                shared = shared_prompt_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy,
+                                               self.accelerator.autocast, always=collective)
         if shared is not None:
             out = (*shared, None)
         else:
@@ -264,7 +278,7 @@ class PolicyTrainer:
         self.model = policy.model = whole if self.sharded else self.learner
         """The policy's whole model (rollouts; the learner itself unless sharded)."""
         if self.sharded:
-            self.trl.sharded = self.learner
+            self.trl.sharded, self.trl.world = self.learner, self.world
             policy.mark_updated()
         self.device = self.model.device
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]

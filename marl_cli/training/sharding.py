@@ -14,6 +14,8 @@ parameter name (``optimizer_state``), which any number of processes loads.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -25,17 +27,19 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from transformers.cache_utils import Cache
 
 from marl_cli.training.distributed import World
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules FSDP2 shards as units: the model's own unsplittable blocks (its decoder layers, named by
-    transformers' ``_no_split_modules``); the root takes what is left (embeddings, final norm, head)."""
+    transformers' ``_no_split_modules``; sharded, each is an FSDP subclass of its own class); the root takes what is
+    left (embeddings, final norm, head)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
+    return [m for m in model.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
 def split(model: torch.nn.Module, world: World, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -51,6 +55,51 @@ def split(model: torch.nn.Module, world: World, dtype: torch.dtype) -> tuple[tor
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, whole
+
+
+class _Regather(torch.autograd.Function):
+    """The identity on a prompt's cached keys and values; in the backward, ``block`` gathers its weights again
+    before the prompt's own nodes in it run (the completions' backward through the block has resharded them)."""
+
+    @staticmethod
+    def forward(ctx: Any, block: FSDPModule, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.block = block
+        return keys.view_as(keys), values.view_as(values)
+
+    @staticmethod
+    def backward(ctx: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[None, torch.Tensor, torch.Tensor]:
+        ctx.block.unshard()
+        return None, keys, values
+
+
+@contextmanager
+def regathered_prompt(model: torch.nn.Module) -> Iterator[None]:
+    """Inside it, a sharded learner's forward of shared prompts (``shared_prompt_cache``) can be back-propagated.
+
+    The completions reach each block's prompt pass through that block's cached keys and values, not through the
+    block's output, so FSDP2's hooks do not gather the block's weights for it: autograd runs the prompt's nodes
+    after the completions' backward has resharded the block. Each block's cached keys and values pass through
+    ``_Regather`` right after its forward, whose backward runs just before that block's prompt nodes (autograd
+    runs the most recently created ready node first) and gathers the block again; FSDP2's post-backward hook on
+    the block's input then reduce-scatters its gradients and reshards it, so one block at a time is gathered, as
+    in a plain forward. Nothing changes outside a grad-enabled FSDP2 learner."""
+    if not (isinstance(model, FSDPModule) and torch.is_grad_enabled()):
+        yield
+        return
+    index = {block: i for i, block in enumerate(blocks(model))}
+
+    def wrap(block: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        cache = next((value for value in kwargs.values() if isinstance(value, Cache)), None)
+        if cache is not None:
+            layer = cache.layers[index[block]]
+            layer.keys, layer.values = _Regather.apply(block, layer.keys, layer.values)
+
+    hooks = [block.register_forward_hook(wrap, with_kwargs=True) for block in index]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 @torch.no_grad()

@@ -2,6 +2,7 @@
 ``torchrun`` run writes one run dir, one metrics line per step and one checkpoint, and resumes."""
 
 import copy
+import dataclasses
 import json
 import os
 import random
@@ -20,6 +21,7 @@ from marl_cli.config.schema import ModelConfig, TrainerConfig
 from marl_cli.config.validate import _check_processes
 from marl_cli.policies.regime import build_policies
 from marl_cli.rollout.samples import Sample
+from marl_cli.training import sharding as sharding_module
 from marl_cli.training.distributed import World, init_from_launcher
 from marl_cli.training.policy_trainer import PolicyTrainer, loss_weight, mini_batches
 from tests.helpers import free_port, torchrun, train_config
@@ -38,9 +40,29 @@ def _rows(step: int) -> list[Sample]:
             for i in range(10)]  # mini-batches of 4: the first all zero advantages, the second one (skipped rows)
 
 
+def _grouped_rows(step: int) -> list[Sample]:
+    """Mini-batches of 4 rows whose 1st and 3rd share a prompt (20–30 tokens) and the others not: in two
+    processes rank 0's rows share their prompt and rank 1's do not; one process shares it too."""
+    gen = random.Random(step)
+
+    def prompt() -> list[int]:
+        return [gen.randrange(3, 60) for _ in range(gen.randint(20, 30))]
+
+    rows = []
+    for task in range(4):
+        shared = prompt()
+        rows += [Sample(task=task, branch=b, turn=0, role="agent", policy="shared",
+                        prompt_ids=shared if b % 2 == 0 else prompt(),
+                        completion_ids=[gen.randrange(3, 60) for _ in range(gen.randint(1, 7))],
+                        reward=0.0, advantage=gen.uniform(-1, 1), sampling_logprobs=[]) for b in range(4)]
+    return rows
+
+
 def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
-             weights: dict[str, torch.Tensor] | None = None, dtype: str = "float32") -> PolicyTrainer:
-    model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL, dtype=dtype))
+             weights: dict[str, torch.Tensor] | None = None, dtype: str = "float32",
+             layers: int = 1) -> PolicyTrainer:
+    tiny = dataclasses.replace(SMALL, num_hidden_layers=layers)
+    model_cfg = OmegaConf.structured(ModelConfig(tiny=tiny, dtype=dtype))
     policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"),
                             master_weights=True)["shared"]
     if weights is not None:  # as a resume loads the checkpoint's weights before the trainer is built
@@ -88,6 +110,29 @@ def _bf16(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], ...]:
     trainer.update(_rows(0), random.Random(0))
     masters = trainer.master_weights()
     return {k: v.clone() for k, v in (masters or trainer.learner.state_dict()).items()}, _weights(trainer), before
+
+
+def _shared_prompts(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], list[dict[str, float]], list]:
+    """Two steps on rows sharing prompts, with a 3-layer learner sharded if ``world`` has several processes:
+    the weights, the stats, and which layers held gathered weights each time the backward gathered a layer again
+    for its prompt pass."""
+    gathered: list[tuple[int, list[bool]]] = []
+    backward = sharding_module._Regather.backward
+
+    def spy(ctx: Any, keys: torch.Tensor, values: torch.Tensor) -> Any:
+        out = backward(ctx, keys, values)
+        layers = sharding_module.blocks(trainer.learner)
+        gathered.append((layers.index(ctx.block),
+                         [layer._get_fsdp_state()._fsdp_param_group.is_unsharded for layer in layers]))
+        return out
+
+    sharding_module._Regather.backward = staticmethod(spy)
+    try:
+        trainer = _trainer(tmp, "bnpo", world, "fsdp2" if world.size > 1 else "none", layers=3)
+        stats = [trainer.update(_grouped_rows(step), random.Random(step)) for step in range(2)]
+    finally:
+        sharding_module._Regather.backward = staticmethod(backward)
+    return _weights(trainer), stats, gathered
 
 
 def _every_run(tmp: str, world: World) -> dict:
@@ -156,6 +201,23 @@ def test_a_sharded_bf16_policy_keeps_fp32_masters_and_acts_through_a_bf16_copy(t
         update = (one[key] - before[key]).abs().mean()
         assert update > 1e-4, key  # the step changed every tensor
         assert (masters[key] - one[key]).abs().mean() < 0.05 * update, key
+
+
+def test_a_sharded_learner_shares_prompts_one_gathered_layer_at_a_time(tmp_path):
+    """FSDP2 learner, rows sharing prompts on one rank and not on the other: every rank runs its prompts ahead
+    (FSDP2's gathers are collective), the prompt pass is back-propagated with each layer gathered again for it
+    alone (last layer first), and the update equals one process's on the same rows."""
+    weights2, stats2, gathered = _in_two_processes(_shared_prompts, tmp_path)
+    weights, stats, unsharded = _shared_prompts(str(tmp_path / "one"), World())
+    assert unsharded == []  # nothing to gather in one process
+    # 2 steps × 4 mini-batches of 4 rows (2 per rank) × 3 layers, in the loss's backward only
+    assert [layer for layer, _ in gathered] == [2, 1, 0] * 8
+    assert all(flags == [i == layer for i in range(3)] for layer, flags in gathered)
+    for key, value in weights.items():
+        torch.testing.assert_close(weights2[key], value, atol=2e-6, rtol=1e-5, msg=key)
+    for one, two in zip(stats, stats2, strict=True):
+        for key in ("loss", "grad_norm", "entropy"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
 
 
 def test_loss_weights_add_up_to_the_whole_batch():
