@@ -154,37 +154,37 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
     warm start, or an RL hyperparameter sweep) train it once; a job that finds another job warming up
     the same entry waits for it (a file lock). Without a cache dir every run warm-starts itself. In a
     multi-process run rank 0 alone reads and writes the cache (the other ranks get its weights after
-    the warm start, ``Trainer.prepare``). The demonstrations are drawn first either way: they are part
-    of the key.
+    the warm start, ``Trainer.prepare``). The demonstrations are part of the key: rank 0 draws them first, the
+    other ranks only to train on them when the cache misses.
     """
     world = world or World()
     ws = cfg.trainer.warmstart
     sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
     seed = init_seed(cfg)  # a pinned warm-start seed draws its demonstrations from its own tasks
-    team = workflow if seed == cfg.seed else build_team(cfg, seed, workflow.env.sandbox)
-    data = demonstrations(team, policy.roles, ws.num_examples, sampling, policy)
 
-    def train() -> dict[str, float]:
-        return warm_start(policy, data, ws, output_dir, seed, cfg.progress, world)
+    def draw() -> Dataset:
+        team = workflow if seed == cfg.seed else build_team(cfg, seed, workflow.env.sandbox)
+        return demonstrations(team, policy.roles, ws.num_examples, sampling, policy)
 
     if not ws.cache:
-        return train()
+        return warm_start(policy, draw(), ws, output_dir, seed, cfg.progress, world)
     root = Path(ws.cache).expanduser()
-    key = warm_start_key(cfg, policy.roles, data)
-    entry = root / key
+    data = draw() if world.main else None
     with ExitStack() as held:
         if world.main:
+            key = warm_start_key(cfg, policy.roles, data)
+            entry = root / key
             root.mkdir(parents=True, exist_ok=True)
             lock = held.enter_context((root / f"{key}.lock").open("a"))
             fcntl.flock(lock, fcntl.LOCK_EX)
-        if world.from_main((entry / "metrics.json").exists()):
+        if world.from_main(world.main and (entry / "metrics.json").exists()):
             cached = None
             if world.main:
                 policy.load_weights(entry)
                 log.info("warm start %s: reused %s", policy.name, entry)
                 cached = json.loads((entry / "metrics.json").read_text())
             return {**world.from_main(cached), "cached": 1.0}
-        metrics = train()
+        metrics = warm_start(policy, data if world.main else draw(), ws, output_dir, seed, cfg.progress, world)
         if world.main:
             tmp = root / f"{key}.tmp-{os.getpid()}"
             policy.save(tmp)

@@ -258,7 +258,8 @@ def test_accelerates_own_sharding_plugins_are_refused(monkeypatch, variable):
 def test_torchrun_two_processes_train_resume_and_write_once(tmp_path, sharding):
     run_dir = tmp_path / "run"
     common = ["experiment=embedded", "trainer.warmstart.num_examples=64", "env.eval_size=10", "trainer.eval_every=0",
-              "rollout.tasks_per_step=4", "logger=none", "progress=false", f"trainer.sharding={sharding}"]
+              "rollout.tasks_per_step=4", "logger=none", "progress=false", f"trainer.sharding={sharding}",
+              f"trainer.warmstart.cache={tmp_path / 'cache'}"]  # a miss: rank 1 draws the demonstrations after it
     done = torchrun(*common, "trainer.steps=2", "trainer.save_every=1", f"hydra.run.dir={run_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -266,6 +267,7 @@ def test_torchrun_two_processes_train_resume_and_write_once(tmp_path, sharding):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     assert sum("step 1/2" in line for line in (run_dir / "train.log").read_text().splitlines()) == 1
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert len(list((tmp_path / "cache").glob("*/metrics.json"))) == 1
 
     resumed = torchrun(*common, "trainer.steps=3", f"trainer.resume={run_dir}", f"hydra.run.dir={tmp_path / 'r2'}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -15,9 +15,10 @@ from marl_cli.config.schema import register_configs
 from marl_cli.policies.regime import build_policies
 from marl_cli.policies.roles import assign_roles
 from marl_cli.training.build import build_run, build_team, placement
+from marl_cli.training.distributed import World
 from marl_cli.training.hooks import step_line
 from marl_cli.training.loop import train
-from marl_cli.training.warmstart import warm_start_all
+from marl_cli.training.warmstart import cached_warm_start, warm_start_all
 from tests.helpers import FAST
 
 register_configs()
@@ -144,6 +145,29 @@ def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
                               torch.device("cpu"))
     with mock.patch.object(type(workflow), "prompt", lambda self, role, state: prompt(self, role, state) + "!"):
         assert warm_start_all(policies, workflow, cfg, tmp_path / "edited")["warmstart/shared/cached"] == 0.0
+
+
+def test_a_cache_hit_spares_the_other_ranks_drawing_the_demonstrations(tmp_path):
+    """Rank 0 draws the demonstrations for the cache key; a rank told of rank 0's hit loads nothing and draws
+    nothing (a code family's oracle runs the sandbox for every demonstration)."""
+    cfg = _cfg("trainer.warmstart.num_examples=24", "trainer.warmstart.epochs=1", "policy=shared",
+               f"trainer.warmstart.cache={tmp_path / 'c'}")
+    workflow = build_team(cfg)
+
+    def policy(name: str):
+        return build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 0, tmp_path / name,
+                              torch.device("cpu"))["shared"]
+
+    first = cached_warm_start(policy("main"), workflow, cfg, tmp_path / "main")
+    assert first["cached"] == 0.0
+    rank0 = {k: v for k, v in first.items() if k != "cached"}
+    other = policy("other")
+    before = {k: v.clone() for k, v in other.model.state_dict().items()}
+    with mock.patch.object(World, "from_main", side_effect=[True, rank0]), \
+            mock.patch("marl_cli.training.warmstart.demonstrations", side_effect=AssertionError("drawn")):
+        told = cached_warm_start(other, workflow, cfg, tmp_path / "other", World(1, 2))
+    assert told == {**rank0, "cached": 1.0}
+    assert all(torch.equal(before[k], v) for k, v in other.model.state_dict().items())  # rank 0's come later
 
 
 def test_a_pinned_warm_start_seed_gives_every_run_seed_the_same_warm_start(tmp_path):
