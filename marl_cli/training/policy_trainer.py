@@ -32,7 +32,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
-from marl_cli.rollout.prefix import shared_prompt_cache
+from marl_cli.rollout.prefix import keeping_cache, shared_prompt_cache
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
 from marl_cli.training.sharding import (
@@ -161,9 +161,10 @@ def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: t
     copies back to the shared prompt pass (on an FSDP2-sharded learner too: ``regathered_prompt``). None where
     ``shared_prompt_cache`` is (the caller then runs TRL's forward)."""
     width = input_ids.size(1) - logits_to_keep
-    with autocast():
+    with autocast(), keeping_cache(model):
         with regathered_prompt(model):
-            cache = shared_prompt_cache(model, input_ids[:, :width], attention_mask[:, :width], always)
+            cache = shared_prompt_cache(model, input_ids[:, :width], attention_mask[:, :width], always,
+                                        replayable=True)
         if cache is None:
             return None
         tail = input_ids[:, width - 1:]

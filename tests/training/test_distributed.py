@@ -60,7 +60,7 @@ def _grouped_rows(step: int) -> list[Sample]:
 
 def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
              weights: dict[str, torch.Tensor] | None = None, dtype: str = "float32",
-             layers: int = 1) -> PolicyTrainer:
+             layers: int = 1, checkpointing: bool = False) -> PolicyTrainer:
     tiny = dataclasses.replace(SMALL, num_hidden_layers=layers)
     model_cfg = OmegaConf.structured(ModelConfig(tiny=tiny, dtype=dtype))
     policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"),
@@ -68,7 +68,7 @@ def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
     if weights is not None:  # as a resume loads the checkpoint's weights before the trainer is built
         policy.model.load_state_dict(weights)
     cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-3, steps=4, mini_batch_size=4, loss_type=loss_type,
-                                             log_ref_kl=True, sharding=sharding))
+                                             log_ref_kl=True, sharding=sharding, gradient_checkpointing=checkpointing))
     return PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world)
 
 
@@ -112,10 +112,15 @@ def _bf16(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], ...]:
     return {k: v.clone() for k, v in (masters or trainer.learner.state_dict()).items()}, _weights(trainer), before
 
 
-def _shared_prompts(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], list[dict[str, float]], list]:
-    """Two steps on rows sharing prompts, with a 3-layer learner sharded if ``world`` has several processes:
-    the weights, the stats, and which layers held gathered weights each time the backward gathered a layer again
-    for its prompt pass."""
+def _shared_prompts(tmp: str, world: World) -> dict[bool, tuple[dict[str, torch.Tensor], list[dict[str, float]], list]]:
+    """Two steps on rows sharing prompts, with a 3-layer learner sharded if ``world`` has several processes, without
+    and with gradient checkpointing: the weights, the stats, and which layers held gathered weights each time the
+    backward gathered a layer again for its prompt pass."""
+    return {checkpointing: _shared_prompt_steps(tmp, world, checkpointing) for checkpointing in (False, True)}
+
+
+def _shared_prompt_steps(tmp: str, world: World,
+                         checkpointing: bool) -> tuple[dict[str, torch.Tensor], list[dict[str, float]], list]:
     gathered: list[tuple[int, list[bool]]] = []
     backward = sharding_module._Regather.backward
 
@@ -128,7 +133,8 @@ def _shared_prompts(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], li
 
     sharding_module._Regather.backward = staticmethod(spy)
     try:
-        trainer = _trainer(tmp, "bnpo", world, "fsdp2" if world.size > 1 else "none", layers=3)
+        trainer = _trainer(f"{tmp}/{checkpointing}", "bnpo", world, "fsdp2" if world.size > 1 else "none", layers=3,
+                           checkpointing=checkpointing)
         stats = [trainer.update(_grouped_rows(step), random.Random(step)) for step in range(2)]
     finally:
         sharding_module._Regather.backward = staticmethod(backward)
@@ -206,18 +212,22 @@ def test_a_sharded_bf16_policy_keeps_fp32_masters_and_acts_through_a_bf16_copy(t
 def test_a_sharded_learner_shares_prompts_one_gathered_layer_at_a_time(tmp_path):
     """FSDP2 learner, rows sharing prompts on one rank and not on the other: every rank runs its prompts ahead
     (FSDP2's gathers are collective), the prompt pass is back-propagated with each layer gathered again for it
-    alone (last layer first), and the update equals one process's on the same rows."""
-    weights2, stats2, gathered = _in_two_processes(_shared_prompts, tmp_path)
-    weights, stats, unsharded = _shared_prompts(str(tmp_path / "one"), World())
-    assert unsharded == []  # nothing to gather in one process
-    # 2 steps × 4 mini-batches of 4 rows (2 per rank) × 3 layers, in the loss's backward only
-    assert [layer for layer, _ in gathered] == [2, 1, 0] * 8
-    assert all(flags == [i == layer for i in range(3)] for layer, flags in gathered)
-    for key, value in weights.items():
-        torch.testing.assert_close(weights2[key], value, atol=2e-6, rtol=1e-5, msg=key)
-    for one, two in zip(stats, stats2, strict=True):
-        for key in ("loss", "grad_norm", "entropy"):
-            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    alone (last layer first), and the update equals one process's on the same rows; with gradient checkpointing
+    too (the layers replay their forward in the backward)."""
+    two_processes = _in_two_processes(_shared_prompts, tmp_path)
+    one_process = _shared_prompts(str(tmp_path / "one"), World())
+    for checkpointing in (False, True):
+        weights2, stats2, gathered = two_processes[checkpointing]
+        weights, stats, unsharded = one_process[checkpointing]
+        assert unsharded == []  # nothing to gather in one process
+        # 2 steps × 4 mini-batches of 4 rows (2 per rank) × 3 layers, in the loss's backward only
+        assert [layer for layer, _ in gathered] == [2, 1, 0] * 8, checkpointing
+        assert all(flags == [i == layer for i in range(3)] for layer, flags in gathered), checkpointing
+        for key, value in weights.items():
+            torch.testing.assert_close(weights2[key], value, atol=2e-6, rtol=1e-5, msg=f"{checkpointing}: {key}")
+        for one, two in zip(stats, stats2, strict=True):
+            for key in ("loss", "grad_norm", "entropy"):
+                assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (checkpointing, key)
 
 
 def test_loss_weights_add_up_to_the_whole_batch():

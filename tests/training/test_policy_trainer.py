@@ -1,3 +1,4 @@
+import dataclasses
 import random
 from collections import defaultdict
 
@@ -9,6 +10,7 @@ from trl import GRPOTrainer
 from marl_cli.config.schema import ModelConfig, PolicyConfig, TrainerConfig
 from marl_cli.policies.regime import attach_adapters, build_policies
 from marl_cli.policies.roles import assign_roles
+from marl_cli.rollout import prefix
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.policy_trainer import PolicyTrainer, collate
 from tests.policies.test_tiny import SMALL
@@ -252,11 +254,32 @@ def test_the_loss_through_a_shared_prompt_has_trls_gradient(policy, tmp_path, mo
         torch.testing.assert_close(grads[True][name], grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_gradient_checkpointing_in_train_mode_falls_back_to_the_plain_forward(policy, tmp_path):
+def test_under_gradient_checkpointing_a_shared_prompt_runs_once_with_trls_gradient(tmp_path, monkeypatch):
+    """Checkpointed layers keep the learner's cache and replay it in the backward (each cache layer written twice:
+    the forward, then the replay, which writes the same keys); log-probs and gradient are TRL's checkpointed ones."""
+    model_cfg = OmegaConf.structured(ModelConfig(tiny=dataclasses.replace(SMALL, num_hidden_layers=2)))
+    policy = build_policies({"agent": "shared"}, model_cfg, 0, tmp_path, torch.device("cpu"))["shared"]
     t = _trainer(policy, tmp_path, gradient_checkpointing=True)
+    batch = collate(_grouped_rows(2), policy.tokenizer.pad_token_id, torch.device("cpu"))
+    t._prepare(batch, defaultdict(list))
     t.model.train()
-    batch = collate(_grouped_rows(1), policy.tokenizer.pad_token_id, torch.device("cpu"))
-    logps, _ = t._forward(t.model, batch)
     with torch.no_grad():
         plain, _, _ = _plain(t, t.model, batch)
-    torch.testing.assert_close(logps, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch["old_per_token_logps"], plain, atol=1e-5, rtol=1e-5)
+    writes = []
+    for layer in (prefix._PromptLayer, prefix._PrefixLayer):
+        update = layer.update
+        monkeypatch.setattr(layer, "update", lambda self, *a, _u=update, _n=layer.__name__, **k:
+                            writes.append(_n) or _u(self, *a, **k))
+    grads = {}
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr("marl_cli.training.policy_trainer.shared_prompt_forward", lambda *a, **k: None)
+        t.model.zero_grad()
+        t.trl.compute_loss(t.model, batch).backward()
+        grads[shared] = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
+        if shared:
+            assert sorted(writes) == ["_PrefixLayer"] * 4 + ["_PromptLayer"] * 4  # 2 layers × (forward + replay)
+    assert grads[True].keys() == grads[False].keys() and grads[True]
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, atol=1e-6, rtol=1e-4, msg=name)
