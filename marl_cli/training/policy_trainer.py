@@ -43,6 +43,7 @@ from marl_cli.training.sharding import (
     regathered_prompt,
     split,
 )
+from marl_cli.training.trl_args import checkpointing_off
 
 CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""
@@ -249,7 +250,7 @@ class PolicyTrainer:
             per_device_train_batch_size=2,
             gradient_accumulation_steps=1,
             max_steps=max(trainer_cfg.steps, 1),
-            gradient_checkpointing=False,  # switched on above, on the model itself
+            **checkpointing_off(),  # switched on by marl, on the model itself
             use_cpu=use_cpu,
             bf16=policy.autocast_dtype == torch.bfloat16,
             fp16=policy.autocast_dtype == torch.float16,

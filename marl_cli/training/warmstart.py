@@ -26,6 +26,7 @@ from marl_cli.policies.regime import Policy
 from marl_cli.rollout.generation import Sampling
 from marl_cli.training.build import build_team, init_seed, sampling_from
 from marl_cli.training.distributed import World
+from marl_cli.training.trl_args import checkpointing_off
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def warm_start(policy: Policy, data: Dataset, cfg: Any, output_dir: Path, seed: 
         per_device_train_batch_size=cfg.batch_size // world.size,
         lr_scheduler_type=cfg.lr_scheduler_type,
         warmup_steps=cfg.warmup_ratio,
-        gradient_checkpointing=False,
+        **checkpointing_off(),
         use_cpu=policy.model.device.type == "cpu",
         bf16=policy.autocast_dtype == torch.bfloat16,
         fp16=policy.autocast_dtype == torch.float16,
