@@ -254,11 +254,15 @@ def test_the_loss_through_a_shared_prompt_has_trls_gradient(policy, tmp_path, mo
         torch.testing.assert_close(grads[True][name], grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_under_gradient_checkpointing_a_shared_prompt_runs_once_with_trls_gradient(tmp_path, monkeypatch):
+@pytest.mark.parametrize("regime", ["shared", "lora_per_role"])
+def test_under_gradient_checkpointing_a_shared_prompt_runs_once_with_trls_gradient(tmp_path, monkeypatch, regime):
     """Checkpointed layers keep the learner's cache and replay it in the backward (each cache layer written twice:
     the forward, then the replay, which writes the same keys); log-probs and gradient are TRL's checkpointed ones."""
     model_cfg = OmegaConf.structured(ModelConfig(tiny=dataclasses.replace(SMALL, num_hidden_layers=2)))
-    policy = build_policies({"agent": "shared"}, model_cfg, 0, tmp_path, torch.device("cpu"))["shared"]
+    roles = {"agent": "agent", "other": "other"}
+    policy = next(iter(build_policies(roles, model_cfg, 0, tmp_path, torch.device("cpu"), regime=regime).values()))
+    if regime == "lora_per_role":
+        policy = attach_adapters(policy, roles, OmegaConf.structured(PolicyConfig(name=regime)), tmp_path)["agent"]
     t = _trainer(policy, tmp_path, gradient_checkpointing=True)
     batch = collate(_grouped_rows(2), policy.tokenizer.pad_token_id, torch.device("cpu"))
     t._prepare(batch, defaultdict(list))
