@@ -84,7 +84,7 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
         given[name].layers = [_PromptLayer() for _ in given[name].layers]
     prefix = model(input_ids=distinct[:, :width - 1], attention_mask=distinct[:, width:2 * width - 1],
                    use_cache=True, logits_to_keep=1, **given)
-    cache = given[name] if replayable else prefix["cache"] if "cache" in prefix else prefix.get("past_key_values")
+    cache = given[name] if replayable else prefix.get(name)  # the output names it as the forward does
     if cache is None or cache.get_seq_length() != width - 1:
         return None
     if replayable:
