@@ -64,15 +64,14 @@ class PlanPathConfig(EnvConfig):
     size: int = bounded(10, ge=2)
     block_prob: float = bounded(0.22, ge=0.0, le=0.9)
     max_moves: int = bounded(0, ge=0)  # longest move list scored; 0 means 2 * size * size
-    step_reward: float = -0.01
-    invalid_reward: float = -0.1
+    step_reward: float = bounded(-0.01, le=0.0)  # per move made; > 0 would pay for padding a plan
+    invalid_reward: float = bounded(-0.1, le=0.0)  # a move into a wall or off the grid (the agent stays)
     goal_reward: float = 1.0
     optimal_bonus: float = 0.5
     failure_reward: float = -1.0
     format_penalty: float = -2.0  # an answer with no parsable move list
     stop_at_goal: bool = True  # True (paper): moves after reaching the goal are ignored; False: the plan must end there
-    shaping: bool = True  # potential-based shaping with the BFS distance
-    gamma: float = bounded(0.99, gt=0.0, le=1.0)
+    shaping: bool = True  # + d(s) − d(s') per move (d: BFS distance to the goal); telescopes: padding earns nothing
 
 
 @dataclass
@@ -97,10 +96,11 @@ class SokobanConfig(EnvConfig):
     boxes: int = 1  # boxes (and goals) per map: 1 or 2
     walls: int = 2  # random interior wall cells; at most a quarter of the interior
     max_moves: int = bounded(200, ge=1)  # moves scored per episode; using the last one ends the episode
-    step_reward: float = -0.01  # each move that is carried out
-    invalid_reward: float = -0.05  # a move into a wall, or a push into a wall or box (the player stays)
-    box_on_goal_reward: float = 1.0  # a box pushed onto a goal
-    box_off_goal_reward: float = -0.5  # a box pushed off a goal
+    step_reward: float = bounded(-0.01, le=0.0)  # each move that is carried out; > 0 would pay for padding
+    invalid_reward: float = bounded(-0.05, le=0.0)  # a move into a wall, or a push into a wall or box (player stays)
+    box_on_goal_reward: float = bounded(1.0, ge=0.0)  # a box pushed onto a goal
+    box_off_goal_reward: float = -1.0  # a box pushed off a goal; at most −box_on_goal_reward (the paper's −0.5 pays
+    # +0.5 for every push off and back on, so padding beat the shortest solution)
     win_reward: float = 10.0  # every box on a goal (ends the episode; later moves are ignored)
     failure_reward: float = -5.0  # the episode's last action or move leaves the puzzle unsolved
     format_penalty: float = -6.0  # an answer with no parsable move list (below the failure reward)
@@ -364,6 +364,9 @@ class TrainerConfig:
     # to the whole mini-batch's): the same update for less compute
     skip_zero_advantage: bool = True
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more compute)
+    # the same seed, config and machine give a bit-identical run: fixed threads, deterministic algorithms, MKL's
+    # conditional numerical reproducibility (set before torch loads: give it on the command line); slower
+    deterministic: bool = False
     # under a launcher: none (every process holds the whole learner, gradients averaged) | fsdp2 (the learner's
     # weights, gradients and optimiser state split across the processes; the policy's model stays whole)
     sharding: Sharding = Sharding.none

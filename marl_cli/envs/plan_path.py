@@ -5,7 +5,11 @@ Rewards follow the paper: each move costs ``step_reward``, a move into a wall or
 ``invalid_reward`` and leaves the agent in place, reaching the goal pays ``goal_reward`` (plus
 ``optimal_bonus`` when the path is as short as the BFS oracle's), and ending elsewhere costs
 ``failure_reward``. With ``shaping`` on, each move also earns the potential-based term
-``γ·Φ(s') − Φ(s)`` with ``Φ(s) = −BFS distance to the goal``.
+``Φ(s') − Φ(s)`` with ``Φ(s) = −BFS distance to the goal``. The term is undiscounted because an
+answer's rewards are summed undiscounted: it telescopes to ``Φ(end) − Φ(start)``, so no cycle of moves
+earns anything and the shortest plan to the goal is the best answer. (The paper's γ = 0.99 pays
+``(1 − γ)·d`` for every move made at distance ``d``, so padding a plan with back-and-forth moves out-earned
+the shortest plan on almost every grid.)
 
 With ``stop_at_goal`` (the paper's rule, the default) the episode ends the moment the goal is
 reached and later moves are ignored. That rule lets a policy append extra moves for free, and RL on
@@ -173,7 +177,7 @@ class PlanPathEnv(Env):
                 continue
             reward += cfg.step_reward
             if cfg.shaping:
-                reward += cfg.gamma * -dist[nxt] + dist[pos]
+                reward += dist[pos] - dist[nxt]
             pos, made = nxt, made + 1
             if cfg.stop_at_goal and pos == grid.goal:
                 break

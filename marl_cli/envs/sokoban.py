@@ -11,7 +11,10 @@ The agent's action is a move list (``U D L R``, parsed as in Plan-Path) applied 
 a move pushes the box in front of the player when the cell beyond it is free. Rewards follow the
 paper: each move carried out costs ``step_reward``; walking into a wall or pushing a box into a
 wall or box costs ``invalid_reward`` and leaves everything in place; a box pushed onto a goal pays
-``box_on_goal_reward`` and one pushed off a goal costs ``box_off_goal_reward``; every box on a goal
+``box_on_goal_reward`` and one pushed off a goal costs ``box_off_goal_reward``. That pair is shaping
+with the potential ``box_on_goal_reward × boxes on goals``, so it must telescope: the paper's −0.5 for a
+push off (against +1 on) paid +0.5 for every push off and back on, and padded solutions out-earned the
+shortest one; the default is −1 and anything above ``−box_on_goal_reward`` is refused. Every box on a goal
 pays ``win_reward`` and ends the episode at once (later moves are ignored). An episode scores at
 most ``max_moves`` moves; when its last action, or its last allowed move, leaves the puzzle
 unsolved, the episode ends and that action also costs ``failure_reward``.
@@ -169,6 +172,10 @@ class SokobanEnv(Env):
             raise ConfigError(f"env.walls must be in [0, {max_walls}] for size {cfg.size}, got {cfg.walls}")
         if cfg.max_moves < 1:
             raise ConfigError(f"env.max_moves must be at least 1, got {cfg.max_moves}")
+        if cfg.box_off_goal_reward > -cfg.box_on_goal_reward:
+            raise ConfigError(f"env.box_off_goal_reward={cfg.box_off_goal_reward} must be at most "
+                              f"-env.box_on_goal_reward={-cfg.box_on_goal_reward}: otherwise pushing a box off a goal "
+                              "and back on earns reward, and padding beats the shortest solution")
 
     def rules(self) -> str:
         return "Push every box X onto a goal O. @ is you, # a wall, * a box on a goal. Moves: U D L R."

@@ -78,12 +78,14 @@ def test_failure_and_format_penalty():
         assert not t.format_ok and not t.success and t.reward == -2.0
 
 
-def test_shaping_is_potential_based():
-    env = make_env(shaping=True, gamma=0.99)
-    t = play(env, GRID, "D D R R")
-    # distances along the path 4,3,2,1,0: sum of d(s) - 0.99 d(s')
-    shaping = sum(d - 0.99 * (d - 1) for d in (4, 3, 2, 1))
-    assert t.reward == pytest.approx(4 * -0.01 + 1.5 + shaping)
+def test_shaping_is_potential_based_and_telescopes():
+    env = make_env(shaping=True)
+    t = play(env, GRID, "D D R R")  # distances along the path 4, 3, 2, 1, 0: shaping d(start) - d(goal) = 4
+    assert t.reward == pytest.approx(4 * -0.01 + 1.5 + 4)
+    t = play(env, GRID, "D U D D R L R R")  # two back-and-forth pairs: their shaping cancels, their steps cost
+    assert t.reward == pytest.approx(8 * -0.01 + 1.0 + 4)
+    t = play(env, GRID, "D D")  # stops at distance 2: shaping 4 - 2, then the failure
+    assert t.reward == pytest.approx(2 * -0.01 + 2 - 1.0)
 
 
 def test_parse_moves():

@@ -139,7 +139,7 @@ def test_box_on_and_off_goal_rewards_and_score():
     state = env.initial_state(map_from(TWO))
     assert env.score(state) == 0.5
     off = env.step(state, "R")  # pushes the box off its goal
-    assert off.reward == pytest.approx(-0.01 - 0.5) and env.score(off.state) == 0.0
+    assert off.reward == pytest.approx(-0.01 - 1.0) and env.score(off.state) == 0.0
     assert env.observe(off.state).splitlines()[1] == "#.+X.#"  # the player now stands on the goal
     assert state.boxes == {(1, 2), (3, 2)} and state.player == (1, 1)  # stepping never mutates its state
     on = env.step(off.state, "L D D R R")  # round to the left of the lower box, then push it onto its goal
@@ -177,7 +177,8 @@ def test_oracle_is_none_when_unsolvable_or_solved():
 
 
 def test_bad_config_is_rejected():
-    for kw in ({"size": 4}, {"boxes": 0}, {"boxes": 3}, {"walls": 5}, {"max_moves": 0}, {"actions_per_episode": 0}):
+    for kw in ({"size": 4}, {"boxes": 0}, {"boxes": 3}, {"walls": 5}, {"max_moves": 0}, {"actions_per_episode": 0},
+               {"box_off_goal_reward": -0.5}, {"box_on_goal_reward": 2.0}):
         with pytest.raises(ConfigError):
             make_env(**kw)
 
