@@ -99,8 +99,7 @@ class SokobanConfig(EnvConfig):
     step_reward: float = bounded(-0.01, le=0.0)  # each move that is carried out; > 0 would pay for padding
     invalid_reward: float = bounded(-0.05, le=0.0)  # a move into a wall, or a push into a wall or box (player stays)
     box_on_goal_reward: float = bounded(1.0, ge=0.0)  # a box pushed onto a goal
-    box_off_goal_reward: float = -1.0  # a box pushed off a goal; at most −box_on_goal_reward (the paper's −0.5 pays
-    # +0.5 for every push off and back on, so padding beat the shortest solution)
+    box_off_goal_reward: float = -1.0  # a box pushed off a goal; at most −box_on_goal_reward, so no cycle earns
     win_reward: float = 10.0  # every box on a goal (ends the episode; later moves are ignored)
     failure_reward: float = -5.0  # the episode's last action or move leaves the puzzle unsolved
     format_penalty: float = -6.0  # an answer with no parsable move list (below the failure reward)
