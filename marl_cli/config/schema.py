@@ -51,7 +51,7 @@ EvalKB = choices("EvalKB", "separate", "train")
 class EnvConfig:
     """An environment: where tasks come from and how actions are scored."""
 
-    name: str = MISSING
+    name: str = MISSING  # the registered environment (set by the option)
     eval_size: int = bounded(200, ge=1)  # held-out tasks per evaluation; their seeds never overlap training seeds
     actions_per_episode: int = bounded(1, ge=1)  # actions on the real state per episode (yamls: max_turns)
 
@@ -61,14 +61,14 @@ class PlanPathConfig(EnvConfig):
     """Grid path planning (AT-GRPO paper: 10×10 grid, 22% blocked)."""
 
     name: str = "plan_path"
-    size: int = bounded(10, ge=2)
-    block_prob: float = bounded(0.22, ge=0.0, le=0.9)
+    size: int = bounded(10, ge=2)  # side of the square grid
+    block_prob: float = bounded(0.22, ge=0.0, le=0.9)  # share of blocked cells (start and goal stay connected)
     max_moves: int = bounded(0, ge=0)  # longest move list scored; 0 means 2 * size * size
     step_reward: float = bounded(-0.01, le=0.0)  # per move made; > 0 would pay for padding a plan
     invalid_reward: float = bounded(-0.1, le=0.0)  # a move into a wall or off the grid (the agent stays)
-    goal_reward: float = 1.0
-    optimal_bonus: float = 0.5
-    failure_reward: float = -1.0
+    goal_reward: float = 1.0  # the moves reach the goal
+    optimal_bonus: float = 0.5  # added to goal_reward for a shortest path
+    failure_reward: float = -1.0  # the moves end elsewhere than the goal
     format_penalty: float = -2.0  # an answer with no parsable move list
     stop_at_goal: bool = True  # True (paper): moves after reaching the goal are ignored; False: the plan must end there
     shaping: bool = True  # + d(s) − d(s') per move (d: BFS distance to the goal); telescopes: padding earns nothing
@@ -189,11 +189,11 @@ class ResearchConfig(EnvConfig):
     kb_seed: int = 0  # embedded: the train KB is generated from kb_seed, the eval KB from kb_seed + 1
     eval_kb: EvalKB = EvalKB.separate  # embedded eval questions: separate (own KB) | train (the train KB)
     people: int = 40  # embedded KB size: entities of each kind
-    organisations: int = 12
-    cities: int = 12
-    countries: int = 5
+    organisations: int = 12  # embedded KB size: organisations
+    cities: int = 12  # embedded KB size: cities
+    countries: int = 5  # embedded KB size: countries
     min_hops: int = 2  # embedded questions chain 2..3 relations
-    max_hops: int = 3
+    max_hops: int = 3  # embedded questions chain at most this many relations
     search_top_k: int = 3  # documents listed per search
     max_doc_chars: int = 400  # text shown when a document is opened
     web: WebSearchConfig = field(default_factory=WebSearchConfig)  # search backend for online sources
@@ -203,10 +203,11 @@ class ResearchConfig(EnvConfig):
 class WorkflowConfig:
     """Agents (roles), their prompts, and the turn order."""
 
-    name: str = MISSING
-    roles: list[str] = field(default_factory=lambda: ["agent"])
-    max_turns: int = bounded(1, ge=1)
-    answer_marker: str = "####"
+    name: str = MISSING  # the registered workflow (set by the option)
+    roles: list[str] = field(default_factory=lambda: ["agent"])  # the agents, in turn order
+    max_turns: int = bounded(1, ge=1)  # turns per episode (each role acts at most once per turn)
+    answer_marker: str = "####"  # the answer is the text after the last marker
+    # template; fields {rules}, {observation}, {marker}, {<role>} (its latest output)
     prompt: str = "{rules}\n{observation}\nAnswer after {marker}.\n"
     prompts: dict[str, str] = field(default_factory=dict)  # role → template; roles not named use `prompt`
     alpha: float = 1.0  # agent reward = alpha * team reward (env score of the new state) + own reward
@@ -241,12 +242,12 @@ class ResearchWorkflowConfig(WorkflowConfig):
 class AlgorithmConfig:
     """How sample rows are grouped and turned into advantages."""
 
-    name: str = MISSING
+    name: str = MISSING  # the registered algorithm: grpo | at_grpo | m_grpo (set by the option)
     mode: RolloutMode = RolloutMode.independent  # independent: K episodes per task; tree: K candidates per agent, turn
     selection: Selection = Selection.greedy  # tree mode: which candidate advances the state (best reward)
     num_generations: int = bounded(8, ge=1)  # K samples per group
     norm_by_std: bool = True  # False gives the Dr. GRPO form r − mean
-    std_eps: float = bounded(1e-6, ge=0.0)
+    std_eps: float = bounded(1e-6, ge=0.0)  # ε in (r − mean) / (std + ε); 1e-4 gives TRL's advantages
     filter: GroupFilter = GroupFilter.none  # zero_std drops groups whose rewards are all equal
     align_d: int = bounded(8, ge=1)  # m_grpo: D, sub-trajectories per rollout after alignment (D·K per query)
     aligned_roles: list[str] = field(default_factory=lambda: ["sub"])  # m_grpo: roles aligned to D per rollout
@@ -256,11 +257,11 @@ class AlgorithmConfig:
 class PolicyConfig:
     """The policy regime: which model acts for which role."""
 
-    name: str = MISSING
+    name: str = MISSING  # the registered regime: shared | per_role | lora_per_role (set by the option)
     assignment: dict[str, str] = field(default_factory=dict)  # role → policy name; unnamed roles use the regime's
     lora_r: int = bounded(16, ge=1)  # lora_per_role: adapter rank
-    lora_alpha: int = bounded(32, ge=1)
-    lora_dropout: float = bounded(0.0, ge=0.0, le=0.99)
+    lora_alpha: int = bounded(32, ge=1)  # lora_per_role: adapter scaling alpha
+    lora_dropout: float = bounded(0.0, ge=0.0, le=0.99)  # lora_per_role: adapter dropout
     lora_target_modules: str = "all-linear"  # peft target modules: all-linear, or comma-separated module names
     devices: list[str] = field(default_factory=list)  # full-model policies on these devices, in turn (cuda:0,cuda:1)
 
@@ -269,13 +270,13 @@ class PolicyConfig:
 class TinyModelConfig:
     """A small Qwen3-style causal LM built locally (no download)."""
 
-    hidden_size: int = bounded(128, ge=1)
-    intermediate_size: int = bounded(384, ge=1)
-    num_hidden_layers: int = bounded(4, ge=1)
-    num_attention_heads: int = bounded(4, ge=1)
-    num_key_value_heads: int = bounded(2, ge=1)
-    head_dim: int = bounded(32, ge=1)
-    max_position_embeddings: int = bounded(1024, ge=1)
+    hidden_size: int = bounded(128, ge=1)  # width of the residual stream
+    intermediate_size: int = bounded(384, ge=1)  # width of the MLP
+    num_hidden_layers: int = bounded(4, ge=1)  # decoder layers
+    num_attention_heads: int = bounded(4, ge=1)  # query heads
+    num_key_value_heads: int = bounded(2, ge=1)  # key/value heads (grouped-query attention)
+    head_dim: int = bounded(32, ge=1)  # width of one attention head
+    max_position_embeddings: int = bounded(1024, ge=1)  # longest sequence (prompt + completion) in tokens
 
 
 @dataclass
@@ -284,7 +285,7 @@ class ModelConfig:
 
     name_or_path: str | None = None  # a local dir or hub id; None builds the tiny model
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    dtype: DType = DType.float32
+    dtype: DType = DType.float32  # compute dtype; a trained policy keeps fp32 master weights under bf16/fp16
     use_chat_template: bool = True  # wrap prompts as a user turn when the tokenizer has a chat template
     system_prompts: dict[str, str] = field(default_factory=dict)  # role -> system message (chat template only)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} (Qwen3)
@@ -295,7 +296,7 @@ class VLLMConfig:
     """``rollout=vllm``: the engines colocated with the learner, one per full-model policy."""
 
     gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)  # share of GPU memory each engine may take
-    tensor_parallel_size: int = bounded(1, ge=1)
+    tensor_parallel_size: int = bounded(1, ge=1)  # GPUs per engine (one process only; 1 under a launcher)
     enable_sleep_mode: bool = False  # GPU: engines free their memory while the policies train
     enforce_eager: bool = True  # no CUDA graph capture: a faster start, slower decoding on GPU
     enable_prefix_caching: bool = True  # reuse the KV cache of shared prompt prefixes (the K rollouts of a task)
@@ -307,12 +308,12 @@ class VLLMConfig:
 class RolloutConfig:
     """Generation settings for training and evaluation rollouts."""
 
-    backend: str = "hf"
-    tasks_per_step: int = bounded(16, ge=1)
+    backend: str = "hf"  # the registered generation backend: hf | vllm (set by the option)
+    tasks_per_step: int = bounded(16, ge=1)  # tasks (prompts) per RL step; each gets K samples
     temperature: float = bounded(1.0, gt=0.0)  # also the temperature of the loss's log-probabilities
-    top_p: float = bounded(1.0, gt=0.0, le=1.0)
+    top_p: float = bounded(1.0, gt=0.0, le=1.0)  # nucleus sampling; 1: off
     top_k: int = bounded(0, ge=0)  # 0: off
-    max_new_tokens: int = bounded(64, ge=1)
+    max_new_tokens: int = bounded(64, ge=1)  # completion tokens per agent turn
     max_prompt_length: int = bounded(1024, ge=1)  # longer prompts keep their end (left truncation)
     eval_temperature: float = bounded(0.0, ge=0.0)  # 0 means greedy
     batch_size: int = bounded(256, ge=1)  # largest batch handed to one generate call
@@ -323,13 +324,13 @@ class RolloutConfig:
 class WarmStartConfig:
     """Supervised warm start on oracle demonstrations through TRL's SFTTrainer."""
 
-    enabled: bool = False
+    enabled: bool = False  # supervised warm start on the env's oracle demonstrations before RL
     num_examples: int = bounded(2000, ge=1)  # demonstrations per role (2 roles: twice as many)
-    epochs: float = bounded(1.0, gt=0.0)
-    learning_rate: float = bounded(1e-3, gt=0.0)
-    batch_size: int = bounded(32, ge=1)
-    lr_scheduler_type: SchedulerType = SchedulerType.cosine
-    warmup_ratio: float = bounded(0.05, ge=0.0, le=1.0)
+    epochs: float = bounded(1.0, gt=0.0)  # passes over the demonstrations
+    learning_rate: float = bounded(1e-3, gt=0.0)  # SFT learning rate
+    batch_size: int = bounded(32, ge=1)  # demonstrations per SFT step (split across processes under a launcher)
+    lr_scheduler_type: SchedulerType = SchedulerType.cosine  # SFT learning-rate schedule
+    warmup_ratio: float = bounded(0.05, ge=0.0, le=1.0)  # share of SFT steps spent warming up
     shared_base: bool = True  # several full-model policies: warm-start one model on every role's demos, copy it
     cache: str | None = None  # a dir: identical warm starts (same model, env, workflow, settings, seed) run once
     # the warm start's own seed (tiny model init, demonstration tasks, SFT order); null: the run seed. Pinned,
@@ -342,21 +343,21 @@ class WarmStartConfig:
 class TrainerConfig:
     """The RL update (passed through to TRL's GRPO loss and optimiser) and the step schedule."""
 
-    steps: int = bounded(50, ge=0)
-    learning_rate: float = bounded(1e-5, gt=0.0)
-    lr_scheduler_type: SchedulerType = SchedulerType.constant
-    warmup_steps: int = bounded(0, ge=0)
-    weight_decay: float = bounded(0.0, ge=0.0)
+    steps: int = bounded(50, ge=0)  # RL steps; 0: warm start (and evals) only
+    learning_rate: float = bounded(1e-5, gt=0.0)  # RL learning rate (AdamW)
+    lr_scheduler_type: SchedulerType = SchedulerType.constant  # RL learning-rate schedule over `steps`
+    warmup_steps: int = bounded(0, ge=0)  # optimiser steps of linear warm-up
+    weight_decay: float = bounded(0.0, ge=0.0)  # AdamW weight decay
     max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
-    loss_type: LossType = LossType.grpo
-    epsilon: float = bounded(0.2, ge=0.0)
-    epsilon_high: float | None = bounded(None, ge=0.0)
-    beta: float = bounded(0.0, ge=0.0)
+    loss_type: LossType = LossType.grpo  # TRL's loss formulation (GRPOConfig.loss_type)
+    epsilon: float = bounded(0.2, ge=0.0)  # PPO clip range below (and above, unless epsilon_high)
+    epsilon_high: float | None = bounded(None, ge=0.0)  # PPO clip range above; null: epsilon
+    beta: float = bounded(0.0, ge=0.0)  # KL penalty against the reference (the policy at RL start); 0: none
     # sampler-vs-learner correction (TRL's vLLM importance sampling): weight each token's loss by
     # exp(learner − sampler log-prob) per token or summed per sequence, truncated to [min, max] or zeroed outside
     is_correction: ISCorrection = ISCorrection.none
-    is_clip_max: float = bounded(3.0, gt=0.0)
-    is_clip_min: float | None = bounded(None, ge=0.0)
+    is_clip_max: float = bounded(3.0, gt=0.0)  # is_correction: upper limit of the importance ratio
+    is_clip_min: float | None = bounded(None, ge=0.0)  # is_correction: lower limit of the importance ratio; null: none
     num_iterations: int = bounded(1, ge=1)  # optimisation passes over each step's samples
     mini_batch_size: int = bounded(64, ge=1)  # rows per gradient step
     # rows with advantage 0 are not back-propagated when beta=0 (their gradient is 0; the loss is re-weighted
@@ -373,7 +374,10 @@ class TrainerConfig:
     log_completions_every: int = bounded(10, ge=0)  # samples.jsonl completions every N steps; 0: never
     eval_every: int = bounded(0, ge=0)  # 0: evaluate only before and after training
     save_every: int = bounded(0, ge=0)  # 0: checkpoint only at the end
-    log_every: int = bounded(1, ge=1)
+    # checkpoints kept: after each save the oldest beyond this many are deleted (never the one just saved);
+    # null: keep all
+    save_total_limit: int | None = bounded(None, ge=1)
+    log_every: int = bounded(1, ge=1)  # write metrics every N steps
     resume: str | None = None  # a run dir to continue from its last checkpoint
     init_from: str | None = None  # a checkpoint dir (<run>/checkpoints/step_N) whose policies this run starts from
     frozen_roles: list[str] = field(default_factory=list)  # roles that act but are never updated (a frozen sub-agent)
@@ -386,9 +390,9 @@ class TrainerConfig:
 class LoggerConfig:
     """Where metrics go besides metrics.jsonl."""
 
-    name: str = MISSING
-    project: str = "marl"
-    entity: str | None = None
+    name: str = MISSING  # wandb | none (set by the option)
+    project: str = "marl"  # W&B project
+    entity: str | None = None  # W&B entity (user or team); null: your default
     mode: LoggerMode = LoggerMode.auto  # auto: online when credentials exist, else offline; or online | offline
     tags: list[str] = field(default_factory=list)  # the experiment's name is added
     run_name: str | None = None  # default: <name>/<job dir> (a sweep job: its overrides and seed)
@@ -401,10 +405,10 @@ class SandboxConfig:
 
     backend: SandboxBackend = SandboxBackend.bwrap  # bwrap: bubblewrap + limits; rlimit: limits only (weaker)
     timeout_s: float = bounded(10.0, gt=0.0)  # wall-clock limit per run
-    cpu_seconds: int = bounded(5, ge=1)
+    cpu_seconds: int = bounded(5, ge=1)  # CPU-time limit per run
     memory_mb: int = bounded(1024, ge=1)  # address-space limit
-    max_processes: int = bounded(32, ge=1)
-    file_size_mb: int = bounded(16, ge=1)
+    max_processes: int = bounded(32, ge=1)  # processes per run (its own uid when marl runs as root)
+    file_size_mb: int = bounded(16, ge=1)  # largest file a run may write
     workdir_mb: int = bounded(64, ge=1)  # bwrap: the work dir is a tmpfs of this size (all its files together)
     python: str = ""  # interpreter inside the sandbox; empty: the one running marl
     # run each distinct (program, stdin) of a batch once and give its result to every copy (a group's K samples
@@ -420,9 +424,9 @@ class StoreConfig:
     namespace: str = "${name}"  # keys live under this prefix; both trainers of one run must agree on it
     path: str = "outputs/store.sqlite"  # sqlite: the database file (both processes must reach it)
     host: str = "localhost"  # redis
-    port: int = bounded(6379, ge=1, le=65535)
-    password: str = ""
-    db: int = 0
+    port: int = bounded(6379, ge=1, le=65535)  # redis
+    password: str = ""  # redis; pass it as '${oc.env:REDIS_PASSWORD}' to keep it out of .hydra/
+    db: int = 0  # redis database number
     poll_s: float = bounded(0.5, gt=0.0)  # how often a waiting trainer looks again
     timeout_s: float = bounded(1800.0, gt=0.0)  # how long a trainer waits for the other before failing
 
@@ -454,11 +458,11 @@ class TrainSchema:
     store: Any = MISSING
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
-    name: str = "default"
-    seed: int = 0
-    device: str = "auto"
+    name: str = "default"  # the run's name: outputs/<name>/<date>_<time>/ (experiments set it)
+    seed: int = 0  # seeds tasks, model init, sampling and mini-batch order
+    device: str = "auto"  # auto (a GPU if there is one) | cpu | mps | cuda | cuda:<index>
     threads: int = bounded(0, ge=0)  # CPU threads torch uses in this job (intra-op); 0: torch's default (every core)
-    progress: bool = True
+    progress: bool = True  # progress bars on the terminal
 
 
 @dataclass

@@ -3,9 +3,9 @@
 Layout: ``<run>/checkpoints/step_<N>/policies/<policy>/``, ``<run>/checkpoints/step_<N>/state.pt`` and
 ``manifest.json`` (the size and SHA-256 of every file). LoRA policies store only their adapter; their
 frozen base stays in ``<run>/lora_base``. A checkpoint is written to a temporary directory and renamed,
-so a crash never leaves a partial one; a resume (and ``marl eval load=<run>``) checks the newest
-checkpoint against its manifest and falls back to the newest intact one, with a warning naming the
-damaged ones.
+so a crash never leaves a partial one; ``trainer.save_total_limit`` deletes the oldest ones after each
+save. A resume (and ``marl eval load=<run>``) checks the newest checkpoint against its manifest and falls
+back to the newest intact one, with a warning naming the damaged ones.
 """
 
 from __future__ import annotations
@@ -48,6 +48,22 @@ def save_checkpoint(run_dir: Path, step: int, policies: dict[str, Policy], train
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
+
+
+def prune_checkpoints(run_dir: Path, saved: Path, keep: int | None) -> list[Path]:
+    """After ``saved`` was written, delete the oldest checkpoints so that ``keep`` remain (None: keep all).
+
+    Only checkpoints older than ``saved`` go: ``saved`` (what a resume now takes) always stays, and newer
+    ones (damaged ones a resume skipped) are left alone. Returns the deleted directories.
+    """
+    if keep is None:
+        return []
+    older = sorted(p for p in (run_dir / "checkpoints").glob("step_*")
+                   if not p.name.endswith(".tmp") and p.name < saved.name)
+    doomed = older[:max(len(older) - (keep - 1), 0)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
 
 
 def manifest(directory: Path) -> dict[str, list]:

@@ -34,7 +34,7 @@ from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
 from marl_cli.training.build import PolicyLoader, Run, build_run, init_seed
-from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from marl_cli.training.checkpoint import latest_checkpoint, load_state, prune_checkpoints, save_checkpoint
 from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.hooks import CheckpointHook, EvalHook, Hook, LogHook
@@ -222,6 +222,9 @@ class Trainer:
         if self.sub_only:
             self.exchange.acknowledge(range(self.acked + 1, step + 1))
             self.acked = step
+        limit = self.cfg.trainer.save_total_limit
+        for old in prune_checkpoints(self.run.run_dir, path, limit):
+            log.info("checkpoint: removed %s (trainer.save_total_limit=%d)", old.name, limit)
 
     def restore(self, checkpoint: Path) -> None:
         """The trainers', RNGs' and counters' state of ``checkpoint``; training continues after its step."""

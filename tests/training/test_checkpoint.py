@@ -1,4 +1,5 @@
-"""Checkpoints carry a manifest (size and SHA-256 of each file); a resume skips damaged ones with a warning."""
+"""Checkpoints carry a manifest (size and SHA-256 of each file); a resume skips damaged ones with a warning;
+``trainer.save_total_limit`` keeps the newest."""
 
 import json
 import logging
@@ -6,8 +7,9 @@ import logging
 import pytest
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.validate import check_overrides
 from marl_cli.provenance import git_sha, version
-from marl_cli.training.checkpoint import MANIFEST, damage, latest_checkpoint
+from marl_cli.training.checkpoint import MANIFEST, checkpoint_dir, damage, latest_checkpoint, prune_checkpoints
 from marl_cli.training.loop import train
 from tests.helpers import FAST, train_config
 
@@ -56,3 +58,31 @@ def test_the_summary_names_the_marl_version_and_commit(run):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["marl_version"] == version()
     assert summary["git_sha"] == git_sha()
+
+
+def _checkpoints(run):
+    return sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+def test_save_total_limit_keeps_the_newest_and_a_resume_continues(tmp_path):
+    run = tmp_path / "run"
+    assert train(train_config(*RUN, "trainer.steps=3", "trainer.save_total_limit=2"), run)["status"] == "completed"
+    assert _checkpoints(run) == ["step_000002", "step_000003"]
+    summary = train(train_config(*RUN, "trainer.steps=4", "trainer.save_total_limit=2", f"trainer.resume={run}"), run)
+    assert summary["status"] == "completed" and summary["steps"] == 4
+    assert _checkpoints(run) == ["step_000003", "step_000004"]
+
+
+def test_pruning_never_removes_the_saved_checkpoint_nor_newer_ones(tmp_path):
+    for step in (1, 2, 3, 5):
+        (checkpoint_dir(tmp_path, step) / "policies").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_000004.tmp").mkdir()
+    saved = checkpoint_dir(tmp_path, 3)  # a resume skipped a damaged step 5 and saved step 3 again
+    assert prune_checkpoints(tmp_path, saved, None) == []
+    assert [p.name for p in prune_checkpoints(tmp_path, saved, 1)] == ["step_000001", "step_000002"]
+    assert _checkpoints(tmp_path) == ["step_000003", "step_000004.tmp", "step_000005"]
+
+
+def test_save_total_limit_below_one_is_refused():
+    with pytest.raises(ConfigError, match="trainer.save_total_limit=0: must be >= 1"):
+        check_overrides("train", ["trainer.save_total_limit=0"])
