@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input clean
+.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input reference docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,5 +55,13 @@ bench-vllm: $(VLLM_STAMP)
 bad-input: $(STAMP)
 	$(BIN)/python bench/bad_input.py
 
+# The config reference (docs/reference/config.md) from the schemas; rerun after adding or changing a config key.
+reference: $(STAMP)
+	$(BIN)/python -m marl_cli.config.reference
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or a page left out.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache
+	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache site
