@@ -96,7 +96,7 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
     if HELP_FLAGS.intersection(args):
         from marl_cli.cli.help import help_text
 
-        print(help_text(command))
+        print(help_text(command, args))
         sys.exit(0)
     try:
         register_configs()

@@ -1,8 +1,10 @@
 """``marl train --help`` / ``marl eval --help``: what each config group is for and its options (the files
-under ``conf/``, without the schema entries Hydra would also list), with the commands to see more."""
+under ``conf/``, without the schema entries Hydra would also list), the runnable experiments, and the
+commands to see more; ``--help <group>`` prints that group's part of the generated config reference."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from marl_cli.config.paths import config_dir
@@ -28,13 +30,33 @@ def options(group: str, root: Path) -> list[str]:
     return sorted(p.stem for p in (root / group).glob("*.yaml") if not p.stem.startswith("base_"))
 
 
+BUILDING_BLOCK = "# @building-block"
+"""The header line of an experiment file that other experiments include and that is no run of its own."""
+
+
+def is_building_block(path: Path) -> bool:
+    """Whether ``path``'s leading comment lines mark it as a building block (``# @building-block: ...``)."""
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            return False
+        if line.startswith(BUILDING_BLOCK):
+            return True
+    return False
+
+
+def runnable_experiments(root: Path) -> list[Path]:
+    """The experiment files ``experiment=<path>`` runs: every one but the building blocks."""
+    return sorted(p for p in (root / "experiment").rglob("*.yaml") if not is_building_block(p))
+
+
 def experiments(root: Path) -> list[str]:
-    """One line per kind of experiment dir: dirs holding the same files are folded into one, their
+    """One line per kind of experiment dir: dirs holding the same runnable files are folded into one, their
     differing path parts written as ``{a,b}`` (the paper table: ``paper/at_grpo/{models}/{benchmarks}/``)."""
     base = root / "experiment"
+    runnable = runnable_experiments(root)
     by_files: dict[tuple[int, tuple[str, ...]], list[tuple[str, ...]]] = {}
-    for folder in sorted({p.parent for p in base.rglob("*.yaml")}):
-        names = tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+    for folder in sorted({p.parent for p in runnable}):
+        names = tuple(sorted(p.stem for p in runnable if p.parent == folder))
         parts = folder.relative_to(base).parts
         by_files.setdefault((len(parts), names), []).append(parts)
     lines = []
@@ -46,8 +68,17 @@ def experiments(root: Path) -> list[str]:
     return lines
 
 
-def help_text(command: str) -> str:
+def help_text(command: str, args: list[str] | None = None) -> str:
+    """``marl <command> --help``; with a section name among ``args`` (``--help trainer``), that section of the
+    config reference instead."""
+    from marl_cli.config.reference import section_text, sections
+
     root = config_dir()
+    wanted = [a for a in args or [] if not a.startswith("-") and "=" not in a]
+    if wanted:
+        if wanted[0] not in sections():
+            return f"no reference section {wanted[0]!r}; choose from: {', '.join(sections())}"
+        return html.unescape(section_text(wanted[0], root))
     lines = [f"usage: marl {command} [group=option ...] [key=value ...] [-m] [--cfg job]", "",
              "Config groups (group=option; the defaults are in conf/groups.yaml):"]
     for group, what in GROUPS.items():
@@ -56,6 +87,7 @@ def help_text(command: str) -> str:
     lines += [f"  {'experiment:':<16}a whole run pinned in one file (# @package _global_)",
               *(f"  {'':<16}{entry}" for entry in experiments(root)), "",
               f"marl {command} experiment=embedded --cfg job   print the composed config (every key and its value)",
+              f"marl {command} --help <group>                   every key of a group: type, default, bounds, help",
               f"marl {command} --hydra-help                     Hydra's own flags",
-              "README.md, section 'Config groups': what each option does"]
+              "docs/reference/config.md: the config reference (every group and key)"]
     return "\n".join(lines)

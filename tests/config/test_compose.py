@@ -163,4 +163,4 @@ def test_cli_help_lists_commands_and_groups():
     for group in ("env", "workflow", "algorithm", "policy", "model", "rollout", "trainer", "logger", "experiment"):
         assert f"{group}:" in app.stdout
     assert "base_" not in app.stdout  # schemas are not options
-    assert "the task family" in app.stdout and "toy/table/{budget," in app.stdout
+    assert "the task family" in app.stdout and "toy/table/{code_at_grpo_per_role," in app.stdout
