@@ -13,15 +13,23 @@ Backends (SQLite file, Redis server) implement the abstract methods; ``wait`` li
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+
+log = logging.getLogger(__name__)
+FIRST_REPORT_S = 5.0
+"""A wait longer than this is logged (shorter ones are the normal rhythm of two trainers in step)..."""
+REPORT_S = 30.0
+"""... and again every this many seconds until it ends."""
 
 
 class Store(ABC):
     """Streams of keyed items plus named records, all kept under ``namespace`` so two runs never mix."""
 
     namespace: str
+    location: str  # where the store is, in words (the SQLite file, the Redis server)
 
     @abstractmethod
     def put_many(self, stream: str, items: dict[str, dict], record: tuple[str, dict] | None = None) -> int:
@@ -68,28 +76,37 @@ class Store(ABC):
     def close(self) -> None:
         """Release the connection; the data stays in the store."""
 
-    def wait(self, name: str, ready: Callable[[dict], bool], poll_s: float, timeout_s: float, what: str) -> dict:
+    def wait(self, name: str, ready: Callable[[dict], bool], poll_s: float, timeout_s: float, what: str,
+             first_report_s: float = FIRST_REPORT_S, report_s: float = REPORT_S) -> dict:
         """Poll record ``name`` until it exists and ``ready(value)`` is true; return that value.
+
+        A wait longer than ``first_report_s`` is logged (what is awaited, the record, the store), again every
+        ``report_s`` and when it ends, so a trainer waiting for the other never sits silent.
 
         Args:
             name: the record to watch.
             ready: predicate on the record's value (e.g. ``lambda r: r["step"] >= step``).
             poll_s: seconds between two looks.
             timeout_s: seconds after which to give up (the record is looked at least once).
-            what: what is awaited, in words, for the error message (e.g. "the main trainer's step 3").
+            what: what is awaited, in words, for the messages (e.g. "the main trainer's step 3").
 
         Raises:
             TimeoutError: with a one-line message naming ``what``, when ``timeout_s`` passes first.
         """
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline, report = start + timeout_s, start + first_report_s
+        where = f"record {name!r} in store namespace {self.namespace!r}, {self.location}"
         while True:
             value = self.get(name)
+            now = time.monotonic()
             if value is not None and ready(value):
+                if now - start >= first_report_s:
+                    log.info("got %s after %.0f s", what, now - start)
                 return value
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    f"timed out after {timeout_s:g} s waiting for {what} "
-                    f"(record {name!r} in store namespace {self.namespace!r})"
-                )
-            time.sleep(min(poll_s, left))
+            if now >= deadline:
+                raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what} ({where})")
+            if now >= report:
+                log.info("waiting for %s (%s): %.0f s so far, giving up in %.0f s (store.timeout_s)", what, where,
+                         now - start, deadline - now)
+                report = now + report_s
+            time.sleep(min(poll_s, deadline - now))

@@ -77,6 +77,7 @@ class RedisStore(Store):
         except ImportError as exc:
             raise ConfigError("store=redis needs the redis package: pip install 'marl[redis]'") from exc
         self.namespace = namespace
+        self.location = f"Redis server {host}:{port} db {db}"
         self._prefix = f"marl:{_part(namespace)}:"
         settings = {
             "host": host,

@@ -51,6 +51,7 @@ class SQLiteStore(Store):
     def __init__(self, path: str | Path, namespace: str, busy_timeout_s: float = 30.0) -> None:
         self.namespace = namespace
         self.path = Path(path)
+        self.location = f"SQLite file {self.path}"
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

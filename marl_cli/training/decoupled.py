@@ -13,6 +13,10 @@ and computes advantages, updates the sub policy, publishes its weights as versio
 ``weights``), and acknowledges a step's items only once a checkpoint holds the update. A sub
 trainer killed and resumed from its last checkpoint therefore re-reads exactly the steps that
 checkpoint lacks: no trajectory is lost and none is counted twice.
+
+A trainer waiting longer than a few seconds for the other logs what it waits for (the step or weights
+version, the record, the store) every 30 s (``Store.wait``); a step that leaves the sub trainer nothing to
+train on is logged as a warning and counted (``train/<policy>/skipped_steps``, see ``Trainer.nothing_to_train``).
 """
 
 from __future__ import annotations

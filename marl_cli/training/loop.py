@@ -190,13 +190,29 @@ class Trainer:
         metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
         for name, trainer in self.trainers.items():
             mine = [s for s in rows if s.policy == name and s.role in self.trained_roles]
+            if not any(s.keep for s in mine):
+                self.nothing_to_train(step, name, len(mine), metrics)
             metrics.update({f"train/{name}/{k}": v for k, v in trainer.update(mine, self.rng).items()})
+            metrics[f"train/{name}/skipped_steps"] = self.counters.get(f"train/{name}/skipped_steps", 0.0)
         self.source.after_update(step)
         self.counters["store/trajectories"] += metrics.get("store/written", metrics.get("store/read", 0.0))
         metrics.update(self.counters if self.exchange is not None else {})
         metrics["time/rollout_s"] = t_rollout
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics, rows
+
+    def nothing_to_train(self, step: int, name: str, rows: int, metrics: dict[str, float]) -> None:
+        """Warn that policy ``name`` has no row to train on at ``step`` (and count it): its update makes no
+        gradient step, so the weights and the optimiser state stay as they are; the learning-rate schedule still
+        advances, as it is a function of the step (a later step's rate does not depend on earlier empty ones)."""
+        key = f"train/{name}/skipped_steps"
+        self.counters[key] = self.counters.get(key, 0.0) + 1
+        why = f"{rows} rows of its roles, none kept by algorithm.filter" if rows else "no rows of its roles"
+        if self.sub_only:
+            why += f"; the main trainer stored {metrics.get('store/read', 0.0):.0f} sub-trajectories for this step"
+        log.warning("step %d: nothing to train policy %r on (%s): no gradient step, the weights and optimiser "
+                    "state stay as they are (the lr schedule advances); %s = %d", step, name, why, key,
+                    self.counters[key])
 
     def evaluate(self, prefix: str, step: int, readable: int = 0) -> dict[str, float]:
         """Greedy success on ``env.eval_size`` held-out tasks, logged and kept in the summary (not in a sub trainer)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -246,6 +247,24 @@ def test_wait_returns_once_ready_and_times_out_with_a_message(backend):
         assert 0.2 <= time.monotonic() - start < 2
         assert "\n" not in str(info.value)
 
+
+
+def test_a_long_wait_says_what_it_waits_for_periodically_and_when_it_ends(backend, caplog):
+    main, sub = backend.open(), backend.open()
+    threading.Timer(0.5, lambda: main.set("step/3", {"items": 0})).start()
+    with caplog.at_level(logging.INFO, logger="marl_cli.store"):
+        sub.wait("step/3", lambda r: True, poll_s=0.02, timeout_s=10, what="the main trainer's step 3",
+                 first_report_s=0.1, report_s=0.15)
+    waiting = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert 2 <= len(waiting) <= 4  # at 0.1 s, then every 0.15 s until 0.5 s
+    assert all("the main trainer's step 3 (record 'step/3' in store namespace 't', " in m for m in waiting)
+    where = f"SQLite file {backend.cfg['path']}" if backend.cfg["name"] == "sqlite" else "Redis server 127.0.0.1:"
+    assert where in waiting[0] and "giving up in" in waiting[0]
+    assert caplog.records[-1].getMessage().startswith("got the main trainer's step 3 after")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="marl_cli.store"):  # a short wait is the normal rhythm: no line
+        sub.wait("step/3", lambda r: True, poll_s=0.02, timeout_s=10, what="the main trainer's step 3")
+    assert not caplog.records
 
 WRITER = """
 import json, sys, time

@@ -193,3 +193,19 @@ def test_per_role_policies_are_placed_on_their_devices_in_turn(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device='cuda:1' but no CUDA device is visible"):
             build_run(_cfg("policy.devices=[cpu,cuda:1]"), tmp_path / "cuda")
+
+
+def test_a_step_with_nothing_to_train_warns_is_counted_and_moves_no_weight(tmp_path, caplog):
+    """The untrained tiny model never writes the answer format: every reward is equal, ``zero_std`` drops
+    every group, and each step has no row to train on."""
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*FAST, "trainer.steps=2", "algorithm.filter=zero_std"])
+    run = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="marl_cli"):
+        assert train(cfg, run)["status"] == "completed"
+    warned = [r.getMessage() for r in caplog.records if "nothing to train" in r.getMessage()]
+    assert len(warned) == 2 and warned[0].startswith("step 1: nothing to train policy 'shared' on (")
+    assert "none kept by algorithm.filter" in warned[0] and "train/shared/skipped_steps = 1" in warned[0]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/shared/skipped_steps"] for r in steps if "train/reward" in r] == [1.0, 2.0]
+    assert not any("train/shared/grad_norm" in r for r in steps)
