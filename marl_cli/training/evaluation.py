@@ -23,6 +23,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Placement, Policy, build_policies, load_checkpoint
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
 from marl_cli.rollout.samples import Sample
+from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run
 from marl_cli.training.checkpoint import latest_checkpoint
@@ -43,7 +44,7 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     eval tasks, played by ``run``'s policies (as routed now) with its eval sampling.
 
     Tasks are dealt to the run's processes and played in chunks of one generation batch
-    (``rollout.batch_size`` episodes), with a progress bar when ``progress=true``; ``rows``, when given,
+    (``rollout.batch_size`` episodes), with a progress bar when ``progress=true`` on a terminal; ``rows``, when given,
     receives every sample row played.
     """
     workflow, size, sampling = run.workflow, run.cfg.env.eval_size, run.eval_sampling
@@ -53,7 +54,7 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
 
     def play(mine: list[Any]) -> RolloutResult:
         played = RolloutResult([], [], 0)
-        with tqdm(total=len(mine), desc=prefix, unit="task", disable=not (run.cfg.progress and run.world.main),
+        with tqdm(total=len(mine), desc=prefix, unit="task", disable=not draws_bars(run.cfg.progress, run.world.main),
                   dynamic_ncols=True, leave=False) as bar:
             for first in range(0, len(mine), chunk):
                 batch = mine[first:first + chunk]

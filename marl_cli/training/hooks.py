@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.completions import completion_records
+from marl_cli.tracking.console import draws_bars
 
 if TYPE_CHECKING:
     from marl_cli.training.loop import Trainer
@@ -27,10 +28,17 @@ STEP_LINE_KEYS = (("reward", "train/reward"), ("success", "train/success"))
 STEP_LINE_POLICY_KEYS = ("loss", "kl_old", "entropy", "logprob_gap/mean")
 
 
-def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[str]) -> str:
-    """One line of ``train.log`` for a logged step: reward, success, per-policy loss and diagnostics, step time."""
+def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[str],
+              roles: tuple[str, ...] = ()) -> str:
+    """One line of ``train.log`` for a logged step: reward, success, completion tokens per agent (mean and
+    max), per-policy loss and diagnostics, step time."""
     parts = [f"step {step}/{steps}"]
     parts += [f"{label} {metrics[key]:.4f}" for label, key in STEP_LINE_KEYS if key in metrics]
+    lengths = [f"{role} {metrics[f'train/{role}/completion_tokens']:.1f} (max "
+               f"{metrics.get(f'train/{role}/completion_tokens_max', 0.0):.0f})"
+               for role in roles if f"train/{role}/completion_tokens" in metrics]
+    if lengths:
+        parts.append("tokens " + ", ".join(lengths))
     for name in policies:
         shown = [f"{k} {metrics[f'train/{name}/{k}']:.4g}" for k in STEP_LINE_POLICY_KEYS
                  if f"train/{name}/{k}" in metrics]
@@ -58,18 +66,21 @@ class Hook:
 
 class LogHook(Hook):
     """Metrics every ``trainer.log_every`` steps (and the last) to metrics.jsonl/W&B and a line of train.log;
-    readable completions every ``trainer.log_completions_every`` steps; the progress bar."""
+    readable completions every ``trainer.log_completions_every`` steps; the progress bar on a terminal, and
+    where no bar is drawn (a pipe, a file, ``progress=false``) the step's line at every step."""
 
     def on_start(self, trainer: Trainer) -> None:
         cfg = trainer.cfg
         self.bar = tqdm(total=cfg.trainer.steps, initial=trainer.start, desc=cfg.name,
-                        disable=not (cfg.progress and trainer.run.world.main), dynamic_ncols=True)
+                        disable=not draws_bars(cfg.progress, trainer.run.world.main), dynamic_ncols=True)
 
     def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
         cfg = trainer.cfg.trainer
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        logged = step % cfg.log_every == 0 or step == cfg.steps
+        if logged:
             trainer.tracker.log(step, metrics)
-            log.info(step_line(step, cfg.steps, metrics, list(trainer.trainers)))
+        if logged or self.bar.disable:
+            log.info(step_line(step, cfg.steps, metrics, list(trainer.trainers), tuple(trainer.run.workflow.roles)))
         if cfg.log_completions_every and step % cfg.log_completions_every == 0:
             records = completion_records(rows, trainer.run.tokenizers(), step, "train", READABLE_ROWS,
                                          random.Random(step))

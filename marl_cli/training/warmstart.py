@@ -24,6 +24,7 @@ from trl import SFTConfig, SFTTrainer
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.generation import Sampling
+from marl_cli.tracking.console import draws_bars
 from marl_cli.training.build import build_team, init_seed, sampling_from
 from marl_cli.training.distributed import World
 from marl_cli.training.trl_args import checkpointing_off
@@ -119,7 +120,7 @@ def warm_start(policy: Policy, data: Dataset, cfg: Any, output_dir: Path, seed: 
         save_strategy="no",
         logging_strategy="steps",
         logging_steps=max(1, steps // 10),
-        disable_tqdm=not (progress and world.main),
+        disable_tqdm=not draws_bars(progress, world.main),  # a bar only on a terminal
         seed=seed,
     )
     trainer = SFTTrainer(model=policy.model, args=args, train_dataset=data, processing_class=policy.tokenizer)

@@ -8,6 +8,7 @@ from unittest import mock
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from transformers.utils import logging as hf_logging
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
@@ -209,3 +210,29 @@ def test_a_step_with_nothing_to_train_warns_is_counted_and_moves_no_weight(tmp_p
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["train/shared/skipped_steps"] for r in steps if "train/reward" in r] == [1.0, 2.0]
     assert not any("train/shared/grad_norm" in r for r in steps)
+
+
+def test_piped_output_has_one_plain_line_per_step_and_no_bar_frames(tmp_path, caplog, capsys):
+    """Under pytest stderr is no terminal: no tqdm frames (joined by carriage returns), and each step's line
+    is logged even on steps ``log_every`` leaves out of metrics.jsonl."""
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*FAST, "trainer.steps=3", "trainer.log_every=2", "progress=true"])
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # as `marl` does (cli.app.run_job): transformers' loading bars
+    try:
+        with caplog.at_level("INFO", logger="marl_cli"):
+            assert train(cfg, tmp_path / "run")["status"] == "completed"
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split(" |")[0] for line in lines] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert re.search(r"\| tokens agent \d+\.\d \(max \d+\) \|", lines[0]), lines[0]
+    assert "\r" not in capsys.readouterr().err
+
+
+def test_step_line_shows_each_agents_completion_tokens():
+    metrics = {"train/reward": 0.5, "train/plan/completion_tokens": 12.25, "train/plan/completion_tokens_max": 20.0,
+               "train/tool/completion_tokens": 8.0, "train/tool/completion_tokens_max": 9.0, "time/step_s": 2.0}
+    assert step_line(1, 5, metrics, [], ("plan", "tool")) == \
+        "step 1/5 | reward 0.5000 | tokens plan 12.2 (max 20), tool 8.0 (max 9) | 2.0 s"
