@@ -89,8 +89,9 @@ class Exchange:
         """Load the newest published weights into the sub policy; when waiting (default: ``sync``) first until
         they reach ``version``."""
         if self.sync if wait is None else wait:
-            record = self.store.wait(WEIGHTS, lambda r: r["version"] >= version, self.poll_s, self.timeout_s,
-                                     f"sub-agent weights of version {version} or newer")
+            what = (f"the sub trainer's weights of step {version} or newer" if self.role == "main" else
+                    "the main trainer to start (it publishes the sub-agent's starting weights)")
+            record = self.store.wait(WEIGHTS, lambda r: r["version"] >= version, self.poll_s, self.timeout_s, what)
         else:
             record = self.store.get(WEIGHTS) or {"version": self.loaded, "path": ""}
         if record["version"] > self.loaded:
