@@ -30,12 +30,12 @@ def options(group: str, root: Path) -> list[str]:
     return sorted(p.stem for p in (root / group).glob("*.yaml") if not p.stem.startswith("base_"))
 
 
-BUILDING_BLOCK = "# @building-block"
+BUILDING_BLOCK = "# marl: building-block"
 """The header line of an experiment file that other experiments include and that is no run of its own."""
 
 
 def is_building_block(path: Path) -> bool:
-    """Whether ``path``'s leading comment lines mark it as a building block (``# @building-block: ...``)."""
+    """Whether ``path``'s leading comment lines mark it as a building block (``# marl: building-block``)."""
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             return False
