@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import add_fused_lm_head
 
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
@@ -43,7 +41,7 @@ from marl_cli.training.sharding import (
     regathered_prompt,
     split,
 )
-from marl_cli.training.trl_args import checkpointing_off
+from marl_cli.training.trl_args import GRPOConfig, GRPOTrainer, add_fused_lm_head, checkpointing_off
 
 CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""

@@ -19,7 +19,6 @@ import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, TrainerCallback
-from trl import SFTConfig, SFTTrainer
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
@@ -27,7 +26,7 @@ from marl_cli.rollout.generation import Sampling
 from marl_cli.tracking.console import draws_bars
 from marl_cli.training.build import build_team, init_seed, sampling_from
 from marl_cli.training.distributed import World
-from marl_cli.training.trl_args import checkpointing_off
+from marl_cli.training.trl_args import SFTConfig, SFTTrainer, checkpointing_off
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,11 @@
-"""Progress bars only where a terminal draws them."""
+"""Progress bars only where a terminal draws them; a piped run prints plain lines and no third-party noise."""
 
 from __future__ import annotations
 
 import io
 
 from marl_cli.tracking.console import draws_bars
+from tests.helpers import FAST, marl
 
 
 class Terminal(io.StringIO):
@@ -18,3 +19,15 @@ def test_bars_need_progress_rank_zero_and_a_terminal():
     assert not draws_bars(True, False, Terminal())
     assert not draws_bars(True, True, io.StringIO())  # a pipe or a file
     assert not draws_bars(True, True, object())  # a stream that cannot tell
+
+
+def test_a_piped_logger_none_run_prints_plain_step_lines_and_no_wandb_line(tmp_path):
+    run = tmp_path / "run"
+    out = marl("train", *FAST, "trainer.steps=2", "progress=true", f"hydra.run.dir={run}")  # WANDB_MODE=offline
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = out.stdout + out.stderr
+    assert "wandb" not in printed.lower(), [line for line in printed.splitlines() if "wandb" in line.lower()]
+    assert "\r" not in printed
+    assert [line.split("] - ")[1].split(" |")[0] for line in out.stdout.splitlines()
+            if "] - step " in line] == ["step 1/2", "step 2/2"]
+    assert not (run / "wandb").exists()
