@@ -2,6 +2,7 @@
 
 A run dir holds ``.hydra/config.yaml`` or ``summary.json``; any other directory is searched for run dirs.
 Labels come from the run's ``report:`` node when set, else from its workflow, algorithm, policy and env.
+A run whose overrides change its experiment's budget says so (``report.budget``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import os
 import re
 import socket
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+
+from marl_cli.report.budget import budget_differences, experiment_of
 
 BOOKKEEPING = ("seed", "logger", "progress", "hydra", "hparams_search", "trainer.resume")
 """Config keys (and override keys) that never tell two runs' setups apart."""
@@ -62,6 +65,8 @@ class Run:
     key: str = ""  # equal for runs that differ only in seed and bookkeeping
     before_key: str = ""  # equal for runs that start from the same point (eval_before)
     has_metrics: bool = False
+    experiment: str | None = None  # the experiment its overrides name
+    budget: list[str] = field(default_factory=list)  # budget keys set otherwise than the experiment does
 
 
 # ---------------------------------------------------------------- discovery
@@ -365,21 +370,24 @@ def load_run(path: Path, metric: str = "success") -> Run:
               seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
               before_method=report.get("before_method"), paper=_number(report.get("paper")),
               source=report.get("source"), key=setup_key(config, load_key), before_key=before_key(config),
-              has_metrics=(path / "metrics.jsonl").is_file())
-    if reason is None and summary is not None:
-        if status != "completed":
-            reason = _status_reason(summary, last_logged_step(path / "metrics.jsonl"))
-        else:
-            value = _number(summary.get(f"eval/{metric}"))
-            if value is None:
-                reason = f"no eval/{metric}"
-            else:
-                run.value = 100.0 * value
-            before = _number(summary.get(f"eval_before/{metric}"))
-            if run.before_method and before is not None:
-                run.before = 100.0 * before
-    run.reason = reason
+              has_metrics=(path / "metrics.jsonl").is_file(), experiment=experiment_of(overrides),
+              budget=budget_differences(config, overrides, BOOKKEEPING))
+    run.reason = reason if reason is not None or summary is None else _result(run, summary, metric)
     return run
+
+
+def _result(run: Run, summary: dict[str, Any], metric: str) -> str | None:
+    """Set ``run``'s value (and starting point) from its summary; return why it has none (None: it has one)."""
+    if run.status != "completed":
+        return _status_reason(summary, last_logged_step(Path(run.path) / "metrics.jsonl"))
+    before = _number(summary.get(f"eval_before/{metric}"))
+    if run.before_method and before is not None:
+        run.before = 100.0 * before
+    value = _number(summary.get(f"eval/{metric}"))
+    if value is None:
+        return f"no eval/{metric}"
+    run.value = 100.0 * value
+    return None
 
 
 def load_runs(patterns: Iterable[str], metric: str = "success") -> list[Run]:

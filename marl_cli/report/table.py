@@ -4,7 +4,8 @@ A cell is one (table, method, benchmark). Runs whose setups differ only in the s
 its values one cell. Two different groups landing on one cell become two rows, each label suffixed with
 what tells them apart (the overrides, else the config values). A run whose ``report.before_method`` is
 set also files its starting point (``eval_before``) as a cell of that row; runs starting from the same
-model with the same seed count once there (an lr sweep has one starting point per seed).
+model with the same seed count once there (an lr sweep has one starting point per seed). A row whose runs
+changed their experiment's budget (``report.budget``) gets a footnote saying how.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Cell:
     paper: float | None = None
     source: str | None = None
     base: str = ""  # the method before a suffix telling clashing groups apart
+    notes: list[str] = field(default_factory=list)  # e.g. how its runs' budget differs from their experiment's
 
     def __post_init__(self) -> None:
         self.base = self.base or self.method
@@ -76,6 +78,14 @@ class _Group:
     seeds: set[int] = field(default_factory=set)
     paper: float | None = None
     source: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def budget_note(run: Run) -> list[str]:
+    """The footnote of a run whose budget is not its experiment's (none otherwise)."""
+    if not run.budget:
+        return []
+    return [f"budget differs from experiment `{run.experiment}`: {', '.join(run.budget)}"]
 
 
 def _groups(runs: list[Run]) -> list[_Group]:
@@ -91,6 +101,8 @@ def _groups(runs: list[Run]) -> list[_Group]:
             group.overrides = [o for o in group.overrides if o in overrides]
         if kind != "before" and group.paper is None and run.paper is not None:
             group.paper, group.source = run.paper, run.source
+        if kind != "before":
+            group.notes = list(dict.fromkeys([*group.notes, *budget_note(run)]))
         if value is None or (kind == "before" and run.seed is not None and run.seed in group.seeds):
             return
         if run.seed is not None:
@@ -155,12 +167,14 @@ def build_cells(runs: list[Run]) -> list[Cell]:
             if valued or paper is not None:
                 g = valued[0] if valued else None
                 cells.append(Cell(table, method, benchmark, list(g.values) if g else [], list(g.runs) if g else [],
-                                  paper.paper if paper else None, paper.source if paper else None))
+                                  paper.paper if paper else None, paper.source if paper else None,
+                                  notes=list(g.notes) if g else []))
             continue
         for g, suffix in zip(valued, _suffixes(valued), strict=True):
             own = g if g.paper is not None else paper
             cells.append(Cell(table, f"{method} [{suffix}]" if suffix else method, benchmark, list(g.values),
-                              list(g.runs), own.paper if own else None, own.source if own else None, method))
+                              list(g.runs), own.paper if own else None, own.source if own else None, method,
+                              list(g.notes)))
     return cells
 
 
@@ -210,8 +224,9 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown_table(cells: list[Cell], digits: int = 1) -> str:
-    """One Markdown table (rows = methods, columns = benchmarks, paper columns where a paper number exists)."""
+def markdown_table(cells: list[Cell], digits: int = 1, markers: dict[str, str] | None = None) -> str:
+    """One Markdown table (rows = methods, columns = benchmarks, paper columns where a paper number exists);
+    ``markers``: text after a row's method (its footnote's reference)."""
     benchmarks = _ordered([c.benchmark for c in cells], BENCHMARK_ORDER)
     rows = _row_order(cells)
     lookup = {(c.method, c.benchmark): c for c in cells}
@@ -222,7 +237,7 @@ def markdown_table(cells: list[Cell], digits: int = 1) -> str:
     lines = ["| " + " | ".join(_escape(h) for h in header) + " |",
              "|" + "---|" + "---:|" * (len(header) - 1)]
     for method in rows:
-        row = [_escape(method)]
+        row = [_escape(method + (markers or {}).get(method, ""))]
         for b in benchmarks:
             cell = lookup.get((method, b))
             row.append(fmt_ours(cell, digits) if cell else EMPTY)
@@ -233,15 +248,34 @@ def markdown_table(cells: list[Cell], digits: int = 1) -> str:
     return "\n".join(lines)
 
 
+def row_notes(cells: list[Cell]) -> dict[str, str]:
+    """The footnote of each row (method) of one table whose cells carry notes, in row order; a note of a row
+    with several benchmarks names the benchmark."""
+    out: dict[str, str] = {}
+    for method in _row_order(cells):
+        mine = [c for c in cells if c.method == method and c.notes]
+        several = len({c.benchmark for c in cells if c.method == method}) > 1
+        texts = [f"{c.benchmark}: {n}" if several else n for c in mine for n in c.notes]
+        if texts:
+            out[method] = "; ".join(dict.fromkeys(texts))
+    return out
+
+
 def markdown(cells: list[Cell], runs: list[Run], metric: str = "success", digits: int = 1) -> str:
     """The whole report: one titled table per ``report.table`` with its paper sources, then runs without a result."""
     with_value = sum(r.value is not None for r in runs)
     parts = [f"# marl report: eval/{metric} (%)", "",
              f"{len(runs)} run{'s' if len(runs) != 1 else ''}, {with_value} with a result; "
              "cells show mean ± sample std over seeds (n = runs)."]
+    footnotes = 0
     for table in dict.fromkeys(c.table for c in cells):
         mine = [c for c in cells if c.table == table]
-        parts += ["", f"## {table}", "", markdown_table(mine, digits)]
+        notes = row_notes(mine)
+        markers = {method: f" [^{footnotes + i}]" for i, method in enumerate(notes, 1)}
+        parts += ["", f"## {table}", "", markdown_table(mine, digits, markers)]
+        for method, text in notes.items():
+            footnotes += 1
+            parts += ["", f"[^{footnotes}]: {method}: {text}"]
         sources = list(dict.fromkeys(c.source for c in mine if c.paper is not None and c.source))
         if sources:
             parts += ["", "Paper numbers: " + "; ".join(sources)]
@@ -262,10 +296,11 @@ def cells_csv(cells: list[Cell]) -> str:
     """``report.csv``: one row per cell."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["table", "method", "benchmark", "ours_mean", "ours_std", "n", "paper", "diff", "source", "runs"])
+    writer.writerow(["table", "method", "benchmark", "ours_mean", "ours_std", "n", "paper", "diff", "source", "runs",
+                     "notes"])
     for c in cells:
         writer.writerow([c.table, c.method, c.benchmark, _num(c.mean), _num(c.std), c.n, _num(c.paper),
-                         _num(c.diff), c.source or "", ";".join(c.runs)])
+                         _num(c.diff), c.source or "", ";".join(c.runs), "; ".join(c.notes)])
     return out.getvalue()
 
 
