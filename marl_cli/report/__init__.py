@@ -1,7 +1,8 @@
 """``marl report``: run directories → tables (Markdown, CSV) side by side with paper numbers, and plots.
 
 ``runs`` finds and reads run dirs, ``table`` groups them into cells and formats them, ``plot`` draws
-training curves. ``make_report`` ties them together and writes the files.
+training curves per cell, ``compare`` the methods of each task on one axis. ``make_report`` ties them
+together and writes the files.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def make_report(patterns: list[str], out_dir: Path, metric: str = "success", dig
         (out_dir / name).write_text(text)
         report.files.append(out_dir / name)
     if plot:
+        from marl_cli.report.compare import plot_tasks
         from marl_cli.report.plot import plot_runs
 
+        report.files += plot_tasks(runs, out_dir / "plots", metric)
         report.files += plot_runs(runs, out_dir / "plots")
     return report
