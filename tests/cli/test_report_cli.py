@@ -55,7 +55,8 @@ def test_report_command(tmp_path):
     with (out / "runs.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 4
     pngs = sorted((out / "plots").glob("*.png"))
-    assert [p.name for p in pngs] == ["Toy__single_agent_+_GRPO__Plan-Path.png"]  # one figure per cell
+    # one figure per cell, one per task with its methods on one axis
+    assert [p.name for p in pngs] == ["Toy__Plan-Path__methods.png", "Toy__single_agent_+_GRPO__Plan-Path.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 

@@ -110,7 +110,8 @@ def test_plot_writes_one_png_per_cell(tmp_path):
     report = make_report([str(tmp_path / "runs")], out, plot=True)
     pngs = sorted((out / "plots").iterdir())
     assert [p.name for p in pngs] == ["Toy_CPU__AT-GRPO_per-role_policies__Plan-Path.png",
-                                      "Toy_CPU__AT-GRPO_shared_policy__Plan-Path.png"]
+                                      "Toy_CPU__AT-GRPO_shared_policy__Plan-Path.png",
+                                      "Toy_CPU__Plan-Path__methods.png"]  # and the task's methods on one axis
     assert set(pngs) <= set(report.files)
     for png in pngs:
         assert png.read_bytes()[:8] == PNG
@@ -133,7 +134,7 @@ def test_plot_groups_follow_the_table_cells(tmp_path):
     assert groups[0].title == "single agent + GRPO · Plan-Path · 2 seeds\ntable T; seeds 0, 1"
     assert groups[-1].title.endswith("1 seed\ntable T; seed 2; no result (running)")
     paths = make_report([str(tmp_path / "runs")], tmp_path / "out", plot=True).files
-    assert sum(p.suffix == ".png" for p in paths) == 3
+    assert sum(p.suffix == ".png" for p in paths) == 4  # 3 cells' figures and the task's methods figure
     assert any(p.name == "T__single_agent_+_GRPO__Plan-Path__no_result.png" for p in paths)
 
 
