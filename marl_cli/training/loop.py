@@ -207,6 +207,8 @@ class Trainer:
         advances, as it is a function of the step (a later step's rate does not depend on earlier empty ones)."""
         key = f"train/{name}/skipped_steps"
         self.counters[key] = self.counters.get(key, 0.0) + 1
+        if not self.run.world.main:  # every rank counts, rank 0 reports
+            return
         why = f"{rows} rows of its roles, none kept by algorithm.filter" if rows else "no rows of its roles"
         if self.sub_only:
             why += f"; the main trainer stored {metrics.get('store/read', 0.0):.0f} sub-trajectories for this step"
