@@ -90,7 +90,7 @@ class Exchange:
         they reach ``version``."""
         if self.sync if wait is None else wait:
             what = (f"the sub trainer's weights of step {version} or newer" if self.role == "main" else
-                    "the main trainer to start (it publishes the sub-agent's starting weights)")
+                    "the main trainer to start and publish the sub-agent's starting weights")
             record = self.store.wait(WEIGHTS, lambda r: r["version"] >= version, self.poll_s, self.timeout_s, what)
         else:
             record = self.store.get(WEIGHTS) or {"version": self.loaded, "path": ""}
