@@ -61,7 +61,7 @@ reference: $(STAMP)
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or a page left out.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache site
