@@ -11,6 +11,8 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 def _jsonable(value: Any) -> Any:
     return float(value) if hasattr(value, "item") else value
@@ -83,10 +85,13 @@ class Tracker:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
+            mode = wandb_mode(logger_cfg.mode)
             self.wandb = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, dir=str(run_dir),
-                                    config=redacted(config), mode=wandb_mode(logger_cfg.mode), resume="allow",
-                                    id=_wandb_id(run_dir),
+                                    config=redacted(config), mode=mode, resume="allow", id=_wandb_id(run_dir),
                                     **wandb_identity(run_dir, config.get("name", "marl"), logger_cfg, job_type))
+            if mode == "offline":  # W&B itself is silenced: say where the run went and how to upload it
+                offline = Path(self.wandb.dir).parent
+                log.info("W&B: offline run in %s; upload it with: wandb sync %s", offline, offline)
         elif logger_cfg.name != "none":
             raise ConfigError(f"logger.name={logger_cfg.name!r} is unknown; choose from: wandb, none")
 

@@ -1,4 +1,5 @@
 import json
+from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
@@ -59,3 +60,15 @@ def test_wandb_names_a_sweep_job_by_its_overrides_and_groups_its_seeds(tmp_path)
     chosen = OmegaConf.create({"name": "wandb", "tags": [], "run_name": "mine", "group": "g"})
     assert wandb_identity(job, "toy", chosen, "train")["name"] == "mine"
     assert wandb_identity(job, "toy", chosen, "train")["group"] == "g"
+
+
+def test_an_offline_wandb_run_says_where_it_is_and_how_to_upload_it(tmp_path, monkeypatch, caplog):
+    import wandb
+
+    files = tmp_path / "wandb" / "offline-run-x" / "files"
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: SimpleNamespace(dir=str(files), mode=kwargs["mode"]))
+    logger = OmegaConf.create({"name": "wandb", "project": "p", "entity": None, "mode": "offline", "tags": []})
+    with caplog.at_level("INFO", logger="marl_cli.tracking"):
+        Tracker(tmp_path, logger, {"name": "toy"}, "train")
+    offline = tmp_path / "wandb" / "offline-run-x"
+    assert caplog.messages == [f"W&B: offline run in {offline}; upload it with: wandb sync {offline}"]
