@@ -25,6 +25,7 @@ TINY = [
     "model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=1", "model.tiny.head_dim=16",
 ]
 FAST = [
+    "~experiment",  # the bare group defaults: `marl train` would start from experiment=embedded
     *TINY, "env.size=4", "env.eval_size=6", "rollout.tasks_per_step=2", "rollout.max_new_tokens=12",
     "algorithm.num_generations=3", "trainer.learning_rate=1e-3", "logger=none", "progress=false",
 ]

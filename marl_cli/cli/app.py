@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -13,14 +14,15 @@ from typing import Any
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.paths import config_dirs_in
 from marl_cli.config.schema import register_configs
 from marl_cli.config.validate import check_overrides
 from marl_cli.registry import load_plugins
 from marl_cli.tracking.tracker import write_json
-from marl_cli.training.launch import launched_world_size
+from marl_cli.training.launch import launched_rank, launched_world_size
 
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 """Flags that only print something; no run starts, so overrides are left to Hydra."""
@@ -47,15 +49,17 @@ def overrides_in(args: list[str]) -> list[str]:
     return out
 
 
-def config_dirs_in(args: list[str]) -> list[str]:
-    """The user's config dirs named by ``--config-dir``/``-cd`` (searched after marl's own ``conf/``)."""
-    dirs = []
-    for i, arg in enumerate(args):
-        if arg in ("-cd", "--config-dir") and i + 1 < len(args):
-            dirs.append(args[i + 1])
-        elif arg.startswith("--config-dir="):
-            dirs.append(arg.split("=", 1)[1])
-    return [str(Path(d).expanduser().resolve()) for d in dirs]
+def key_of(override: str) -> str:
+    """The key an override sets (``trainer.steps`` of ``+trainer.steps=3``, ``experiment`` of ``~experiment``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def hydra_quote(text: str) -> str:
+    """``text`` as a single-quoted Hydra override string (quotes escaped; no interpolation)."""
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)  # OmegaConf: a literal "${"
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)  # Hydra: backslashes before a quote
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
+    return "'" + text + "'"
 
 
 LOADS_A_RUN = ("trainer.resume", "load")
@@ -66,7 +70,7 @@ def inherited_overrides(args: list[str]) -> list[str]:
     """The overrides an earlier run was started with (its ``.hydra/overrides.yaml``) when ``args`` resume
     (``trainer.resume=<run>``) or evaluate (``load=<run or checkpoint>``) it, but those ``args`` set again,
     so the run continues with its own config (its experiment, env size, ...) without repeating it."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides_in(args)}
+    given = {key_of(o) for o in overrides_in(args)}
     for override in overrides_in(args):
         key, _, value = override.partition("=")
         if key.lstrip("+") not in LOADS_A_RUN or not value:
@@ -77,7 +81,7 @@ def inherited_overrides(args: list[str]) -> list[str]:
         if not saved.exists():
             return []
         return [o for o in yaml.safe_load(saved.read_text()) or []
-                if o.split("=", 1)[0].lstrip("+~") not in given | set(LOADS_A_RUN) and not o.startswith("hydra")]
+                if key_of(o) not in given | set(LOADS_A_RUN) and not o.startswith("hydra")]
     return []
 
 
@@ -86,12 +90,15 @@ def fail(command: str, message: str) -> None:
     sys.exit(2)
 
 
-def run_app(command: str, config_name: str, hydra_main: Callable[[], object], args: list[str]) -> None:
-    """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``."""
-    if {"-sc", "--shell-completion"}.intersection(args) and any(a.startswith("install=") for a in args):
-        from marl_cli.cli.completion import script
+def run_app(command: str, config_name: str, hydra_main: Callable[[], object], args: list[str],
+            hint: Callable[[], str] | None = None) -> None:
+    """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``;
+    ``hint()`` ends the message of a config that does not check."""
+    install = [a.split("=", 1)[1] for a in args if a.startswith("install=")]
+    if {"-sc", "--shell-completion"}.intersection(args) and install:
+        from marl_cli.cli.completion import run
 
-        print(script(), end="")  # Hydra's would complete a `marl-<command>` program, which does not exist
+        run(install)  # Hydra's would complete a `marl-<command>` program, which does not exist
         sys.exit(0)
     if HELP_FLAGS.intersection(args):
         from marl_cli.cli.help import help_text
@@ -104,7 +111,7 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
             args = [*inherited_overrides(args), *args]
             check_overrides(config_name, overrides_in(args), config_dirs_in(args))
     except ConfigError as exc:
-        fail(command, str(exc))
+        fail(command, f"{exc}{hint() if hint else ''}")
     if command == "train" and launched_world_size() > 1:
         if MULTIRUN_FLAGS.intersection(args):
             fail(command, "a sweep (-m) starts its own jobs; launch one run per torchrun/accelerate launch")
@@ -120,7 +127,12 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
 
 
 def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg: DictConfig) -> float | None:
-    """Run ``job`` (train or eval) in Hydra's run dir; return its final eval success (what sweepers optimise)."""
+    """Run ``job`` (train or eval) in Hydra's run dir; return its final eval success (what sweepers optimise).
+    The first line the job prints (rank 0 only) is its run dir: a resumed run's own dir when it resumes one."""
+    hydra = HydraConfig.get()
+    run_dir = Path(hydra.runtime.output_dir)
+    if launched_rank() == 0:
+        print(f"run dir: {shown(Path(OmegaConf.select(cfg, 'trainer.resume') or run_dir).resolve())}", flush=True)
     import datasets
     import transformers
 
@@ -135,8 +147,6 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
 
     if not World.current().main:  # rank 0 reports for the run
         logging.getLogger().setLevel(logging.WARNING)
-    hydra = HydraConfig.get()
-    run_dir = Path(hydra.runtime.output_dir)
     try:
         summary = job(cfg, run_dir)
     except Exception as exc:
@@ -147,6 +157,12 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
             fail(command, str(exc))
         return sweep_job_failed(run_dir, Path(hydra.sweep.dir), exc)
     return summary.get("eval/success")
+
+
+def shown(path: Path) -> Path:
+    """``path`` relative to the working dir when it is below it (``outputs/...``), else absolute."""
+    cwd = Path.cwd()
+    return path.relative_to(cwd) if path.is_relative_to(cwd) else path
 
 
 def sweep_job_failed(run_dir: Path, sweep_dir: Path, exc: Exception) -> None:

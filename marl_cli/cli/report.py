@@ -15,14 +15,13 @@ Paths are quoted in Hydra's list syntax, so ``=``, ``,`` and spaces in them are 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from marl_cli.cli.app import INFO_FLAGS, VALUE_FLAGS, fail, overrides_in, run_app
+from marl_cli.cli.app import INFO_FLAGS, VALUE_FLAGS, fail, hydra_quote, overrides_in, run_app
 from marl_cli.config.paths import config_dir
 from marl_cli.report.runs import GLOB_CHARS, ReportError, discover
 
@@ -35,14 +34,6 @@ def is_run_argument(arg: str) -> bool:
         return True
     key = arg.split("=", 1)[0]
     return os.path.exists(arg) or "/" in key or any(c in key for c in GLOB_CHARS)
-
-
-def hydra_quote(text: str) -> str:
-    """``text`` as a single-quoted Hydra override string (quotes escaped; no interpolation)."""
-    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)  # OmegaConf: a literal "${"
-    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)  # Hydra: backslashes before a quote
-    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
-    return "'" + text + "'"
 
 
 def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:

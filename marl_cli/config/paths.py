@@ -1,4 +1,4 @@
-"""Locating the ``conf/`` directory in a source checkout or an installed wheel."""
+"""Locating the ``conf/`` directory in a source checkout or an installed wheel, and the user's own config dirs."""
 
 from __future__ import annotations
 
@@ -14,3 +14,14 @@ def config_dir() -> Path:
         if (candidate / "train.yaml").is_file():
             return candidate
     raise ConfigError(f"cannot find marl's conf/ directory next to {package}; reinstall the package")
+
+
+def config_dirs_in(args: list[str]) -> list[str]:
+    """The user's config dirs named by ``--config-dir``/``-cd`` (searched after marl's own ``conf/``)."""
+    dirs = []
+    for i, arg in enumerate(args):
+        if arg in ("-cd", "--config-dir") and i + 1 < len(args):
+            dirs.append(args[i + 1])
+        elif arg.startswith("--config-dir="):
+            dirs.append(arg.split("=", 1)[1])
+    return [str(Path(d).expanduser().resolve()) for d in dirs]

@@ -1,9 +1,16 @@
-import subprocess
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
 
 from marl_cli.cli import train as train_cli
-from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty
+from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_job
+from marl_cli.config.paths import config_dir
+from marl_cli.config.schema import register_configs
 from marl_cli.provenance import version
 from tests.helpers import cli
+
+register_configs()
 
 
 def test_overrides_skip_flags_and_their_values():
@@ -38,24 +45,56 @@ def test_version_and_env_name_what_runs():
     assert cli("env", "extra").returncode == 2
 
 
-def test_plain_marl_train_runs_the_first_run_that_learns(monkeypatch, capsys):
+def test_marl_train_starts_from_the_first_run_with_or_without_overrides(monkeypatch):
     started = []
-    monkeypatch.setattr(train_cli, "run_app", lambda command, name, app, args: started.append(args))
-    train_cli.run([])
-    assert started == [["experiment=embedded"]]
-    assert "no overrides given, running experiment=embedded" in capsys.readouterr().err
-    train_cli.run(["env=sudoku"])
-    assert started[-1] == ["env=sudoku"]
+    monkeypatch.setattr(train_cli, "run_app", lambda command, name, app, args, hint=None: started.append(args))
+    for args in ([], ["seed=1"], ["--cfg", "job"], ["-m", "seed=1,2"], ["env=sudoku"]):
+        train_cli.run(args)
+        assert started[-1] == ["experiment=embedded", *args]
+    train_cli.run(["experiment=toy/plan_path_grpo", "seed=1"])
+    assert started[-1] == ["experiment=toy/plan_path_grpo", "seed=1"]
+    train_cli.run(["experiment=null", "seed=1"])  # Hydra 1.3 refuses `group=null`; `~group` deletes the default
+    assert started[-1] == ["~experiment", "seed=1"]
+    train_cli.run(["~experiment"])
+    assert started[-1] == ["~experiment"]
 
 
-def test_bash_completion_hands_marl_train_lines_to_hydra_as_its_program(tmp_path):
-    # a stand-in `marl` records what the completion function asks Hydra
-    probe = ('marl() { echo "$1|$2 $3|$COMP_LINE|$COMP_POINT"; }; eval "$SCRIPT"; '
-             'COMP_WORDS=(marl train env=pl); COMP_CWORD=2; COMP_LINE="marl train env=pl"; COMP_POINT=17; _marl; '
-             'echo "${COMPREPLY[@]}"; COMP_WORDS=(marl e); COMP_CWORD=1; _marl; echo "${COMPREPLY[@]}"')
-    env = {"SCRIPT": cli("completion", "bash").stdout, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True)
-    lines = out.stdout.splitlines()
-    assert lines[0] == "train|-sc query=bash|marl-train env=pl|17"
-    assert lines[1] == "eval env"
-    assert cli("train", "--shell-completion", "install=bash").stdout == cli("completion", "bash").stdout
+def test_cfg_job_shows_what_marl_train_runs():
+    bare, seeded = cli("train", "--cfg", "job"), cli("train", "seed=0", "--cfg", "job")
+    assert bare.returncode == seeded.returncode == 0
+    assert "name: embedded" in bare.stdout and bare.stdout == seeded.stdout
+    for opt_out in ("experiment=null", "~experiment"):
+        assert "name: default" in cli("train", opt_out, "--cfg", "job").stdout
+
+
+def test_a_group_the_default_experiment_does_not_fit_says_how_to_opt_out():
+    out = cli("train", "env=math")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith("marl train: error: env.size: no such key")
+    assert out.stderr.rstrip().endswith("add experiment=null to start from the bare group defaults)")
+    typo = cli("train", "env=math", "trainer.steps=x")  # fails without the default too: no hint
+    assert typo.returncode == 2 and "experiment=null" not in typo.stderr
+
+
+def test_a_resume_continues_in_its_run_dir(monkeypatch):
+    started = []
+    monkeypatch.setattr(train_cli, "run_app", lambda command, name, app, args, hint=None: started.append(args))
+    train_cli.run(["trainer.resume=/runs/it's", "trainer.steps=9"])
+    assert started[-1] == ["trainer.resume=/runs/it's", "trainer.steps=9", "hydra.run.dir='/runs/it\\'s'"]
+    for given in (["hydra.run.dir=/elsewhere"], ["-m"]):  # the user's own run dir, or a sweep: left alone
+        train_cli.run(["trainer.resume=/runs/a", *given])
+        assert started[-1] == ["trainer.resume=/runs/a", *given]
+
+
+@pytest.mark.parametrize("rank,printed", [("0", True), ("1", False)])
+def test_a_job_prints_its_run_dir_first_on_rank_0_only(tmp_path, monkeypatch, capsys, rank, printed):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["~experiment"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # restored after the test
+    HydraConfig.instance().set_config(cfg)
+    monkeypatch.setenv("RANK", rank)
+    assert run_job("train", lambda cfg, run_dir: {"eval/success": 0.5}, cfg) == 0.5
+    out = capsys.readouterr().out.splitlines()
+    assert out == ([f"run dir: {tmp_path / 'run'}"] if printed else [])

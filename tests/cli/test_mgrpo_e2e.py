@@ -30,10 +30,10 @@ register_configs()
 
 SMALL = ["model.tiny.hidden_size=64", "model.tiny.intermediate_size=128", "model.tiny.num_hidden_layers=2",
          "model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=1", "model.tiny.head_dim=32"]
-RESEARCH = ["env=research", "env.min_hops=2", "env.max_hops=2", "env.eval_size=4", "workflow=deep_research",
-            "algorithm=m_grpo", "algorithm.num_generations=3", "algorithm.align_d=2", "rollout.tasks_per_step=3",
-            "rollout.max_new_tokens=28", "rollout.temperature=0.5", "trainer.learning_rate=1e-3", "logger=none",
-            "progress=false"]
+RESEARCH = ["~experiment", "env=research", "env.min_hops=2", "env.max_hops=2", "env.eval_size=4",
+            "workflow=deep_research", "algorithm=m_grpo", "algorithm.num_generations=3", "algorithm.align_d=2",
+            "rollout.tasks_per_step=3", "rollout.max_new_tokens=28", "rollout.temperature=0.5",
+            "trainer.learning_rate=1e-3", "logger=none", "progress=false"]
 
 
 @pytest.fixture(scope="module")

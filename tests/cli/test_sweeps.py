@@ -6,6 +6,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+from marl_cli.cli.app import key_of
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import job_dir, register_configs
 from tests.helpers import FAST, cli
@@ -14,7 +15,7 @@ register_configs()
 QUICK = [o for o in FAST if not o.startswith("trainer.learning_rate=")] + ["trainer.steps=1", "env.eval_size=3"]
 """FAST without a fixed learning rate (a command-line value would pin the parameter Optuna searches)."""
 UNNAMED = ("hydra.job.config.override_dirname.exclude_keys=[seed,hparams_search,"
-           + ",".join(o.split("=")[0] for o in QUICK) + "]")
+           + ",".join(key_of(o) for o in QUICK) + "]")
 """Leaves the fixed test settings out of job dir names, so they show only what the sweep varies."""
 
 

@@ -75,12 +75,18 @@ def test_resume_continues_from_last_checkpoint(run_dir, tmp_path):
     assert (run_dir / "checkpoints" / "step_000003" / "state.pt").exists()
 
 
-def test_resume_and_eval_take_the_runs_own_config(tmp_path):
+def test_resume_and_eval_take_the_runs_own_config(tmp_path, monkeypatch):
     run = tmp_path / "run"
     first = cli("train", *FAST, "trainer.steps=1", f"hydra.run.dir={run}")
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = cli("train", f"trainer.resume={run}", "trainer.steps=2", f"hydra.run.dir={tmp_path / 'r2'}")
+    assert first.stdout.splitlines()[0] == f"run dir: {run}"  # the first line a run prints
+    monkeypatch.chdir(tmp_path)  # where a new run dir would go (outputs/...)
+    resumed = cli("train", "trainer.resume=run", "trainer.steps=2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]  # FAST's env size and tiny model, not the defaults
+    assert resumed.stdout.splitlines()[0] == "run dir: run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # continued in its own dir: no stray run dir
+    assert "resuming" in (run / "train.log").read_text() and "trainer.steps=2" in (run / ".hydra" / "overrides.yaml"
+                                                                                    ).read_text()
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
     evaluated = cli("eval", f"load={run}", f"hydra.run.dir={tmp_path / 'ev'}")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
