@@ -61,7 +61,8 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The plug-in named ``name``; a one-line ``ConfigError`` naming the choices if there is none."""
         if name not in self._entries:
-            raise ConfigError(f"{self.key}={name!r} is not registered; choose from: {', '.join(self.names())}")
+            raise ConfigError(f"{self.key}={name!r} is not registered; choose from: {', '.join(self.names())} "
+                              f"(a plug-in's? name its module in {PLUGIN_ENV})")
         return self._entries[name]
 
     def names(self) -> list[str]:

@@ -73,13 +73,7 @@ def describe(exc: BaseException) -> str:
         cur = cur.__cause__ or cur.__context__
     for err in chain:
         if isinstance(err, MissingConfigException):
-            missing = re.search(r"Could not find '([^']+)'", str(err))
-            options = [o for o in (err.options or []) if not o.startswith("base_")]
-            what = missing.group(1) if missing else err.missing_cfg_file
-            group, _, choice = str(what).rpartition("/")
-            if group:
-                return f"{group}={choice}: no such option; choose from: {', '.join(options)}"
-            return " ".join(str(err).split())
+            return missing_option(err)
     for err in chain:
         if isinstance(err, OmegaConfBaseException) and getattr(err, "full_key", None):
             if isinstance(err, ConfigKeyError | ConfigAttributeError):
@@ -88,6 +82,51 @@ def describe(exc: BaseException) -> str:
                 return f"{err.full_key}: no such key{hint}"
             return f"{err.full_key}: {err.msg.splitlines()[0].split('raised while resolving interpolation: ')[-1]}"
     return " ".join(str(exc).replace("\t", " ").split())
+
+
+PLUGIN_HINT = ("name the plug-in's module or .py file in MARL_PLUGINS (comma-separated) or in the marl.plugins "
+               "entry-point group")
+PLUGIN_GROUPS = ("env", "workflow")
+"""The groups a plug-in adds options to (with its schema, ``<group>/base_<name>``)."""
+
+
+def _group_and_choice(path: str) -> tuple[str, str]:
+    """``env/plan_pth`` -> (``env``, ``plan_pth``); ``experiment/toy/x`` -> (``experiment``, ``toy/x``);
+    ``hydra/launcher/x`` -> (``hydra/launcher``, ``x``)."""
+    parts = path.split("/")
+    cut = 2 if parts[0] == "hydra" else 1
+    return "/".join(parts[:cut]), "/".join(parts[cut:])
+
+
+def _options(err: MissingConfigException, group: str, choice: str) -> list[str]:
+    """What there is where ``choice`` was looked for: the group's options, or a nested folder's entries."""
+    folder = choice.rpartition("/")[0]
+    where = config_dir() / group / folder
+    if not folder and not any(where.glob("*/")):
+        return [o for o in (err.options or []) if not o.startswith("base_")]
+    entries = [f"{p.stem}" for p in where.glob("*.yaml")] + [f"{p.name}/" for p in where.glob("*/")]
+    return sorted(f"{folder}/{e}" if folder else e for e in entries if not e.startswith("base_"))
+
+
+def missing_option(err: MissingConfigException) -> str:
+    """One line for a config option Hydra cannot find: ``env=plan_pth`` (naming the options there), or a plug-in's
+    option whose schema (``env/base_reverse``) no loaded plug-in registers (naming what to load)."""
+    text = str(err)
+    missing = re.search(r"Could not (?:find|load) '([^']+)'", text)
+    path = str(missing.group(1) if missing else err.missing_cfg_file)
+    if "/" not in path:
+        return text.split("\n")[0]
+    group, choice = _group_and_choice(path)
+    if choice.startswith("base_"):
+        parent = re.search(r"In '([^']+)'", text)
+        option = "=".join(_group_and_choice(parent.group(1))) if parent else f"{group}={choice[5:]}"
+        return (f"{option}: the schema {group}/{choice} is not registered, so the plug-in that defines {group} "
+                f"{choice[5:]!r} is not loaded; {PLUGIN_HINT}")
+    options = _options(err, group, choice)
+    listed = f"; choose from: {', '.join(options)}" if options else ""
+    plugin = (f" (a plug-in's {group}? add its config dir with --config-dir and its module with MARL_PLUGINS)"
+              if group in PLUGIN_GROUPS else "")
+    return f"{group}={choice}: no such option{listed}{plugin}"
 
 
 def _typed_nodes(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig, type]]:
@@ -136,6 +175,38 @@ def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
     return subs
 
 
+def check_device(name: str, where: str = "") -> None:
+    """That this machine has ``device=<name>`` (mps, cuda, cuda:<index>), checked before any model is built; torch
+    is imported only for such a device (auto and cpu need no check, and config checks stay fast without it)."""
+    if name in ("auto", "cpu"):
+        return
+    import torch
+
+    fix = "use device=cpu or device=auto"
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{where}device='mps' but this machine has no MPS (Apple GPU) device; {fix}")
+    if not name.startswith("cuda"):
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        build = "" if torch.version.cuda else f" (torch {torch.__version__} is a CPU-only build)"
+        raise ConfigError(f"{where}device={name!r} but no CUDA device is visible{build}; {fix}")
+    index = int(name.partition(":")[2] or 0)
+    if index >= count:
+        raise ConfigError(f"{where}device={name!r} but this machine has {count} CUDA device(s), cuda:0 to "
+                          f"cuda:{count - 1} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+
+
+def _check_devices(cfg: DictConfig) -> None:
+    """Every device's name, then whether this machine has it."""
+    named = [("device", cfg.device), *(("policy.devices", d) for d in cfg.policy.devices)]
+    for key, device in named:
+        if not DEVICE.fullmatch(device):
+            raise ConfigError(f"{key}: {device!r} is not a device; choose from auto, cpu, mps, cuda, cuda:<index>")
+    for key, device in named:
+        check_device(device, "" if key == "device" else f"{key}: ")
+
+
 def check_run(cfg: DictConfig) -> None:
     """The rules across groups: registered names, rollout mode, roles, decoupled trainers, what a run loads."""
     ENVS.get(cfg.env.name)
@@ -149,9 +220,7 @@ def check_run(cfg: DictConfig) -> None:
                           f"choose from: {', '.join(algorithm.modes)} (tree rollouts are algorithm=at_grpo)")
     if WORKFLOWS.get(cfg.workflow.name).trajectory_rewards and not algorithm.hierarchical:
         raise ConfigError(f"workflow={cfg.workflow.name} rewards whole trajectories; train it with algorithm=m_grpo")
-    for key, device in [("device", cfg.device), *(("policy.devices", d) for d in cfg.policy.devices)]:
-        if not DEVICE.fullmatch(device):
-            raise ConfigError(f"{key}: {device!r} is not a device; choose from auto, cpu, mps, cuda, cuda:<index>")
+    _check_devices(cfg)
     source = cfg.model.name_or_path
     local = source and (source.startswith(("/", ".", "~")) or source.count("/") > 1)  # hub ids: name, org/name
     if local and not Path(source).expanduser().exists():

@@ -2,6 +2,8 @@
 
 import importlib.util
 import inspect
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -164,3 +166,61 @@ def test_cli_help_lists_commands_and_groups():
         assert f"{group}:" in app.stdout
     assert "base_" not in app.stdout  # schemas are not options
     assert "the task family" in app.stdout and "toy/table/{code_at_grpo_per_role," in app.stdout
+
+
+def test_a_plug_in_option_whose_module_is_not_loaded_names_what_to_load(tmp_path):
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "ghost.yaml").write_text("defaults:\n  - base_ghost\n  - _self_\n\nname: ghost\n")
+    with pytest.raises(ConfigError) as err:
+        check_overrides("train", ["env=ghost"], [str(tmp_path)])
+    assert str(err.value) == (
+        "env=ghost: the schema env/base_ghost is not registered, so the plug-in that defines env 'ghost' is not "
+        "loaded; name the plug-in's module or .py file in MARL_PLUGINS (comma-separated) or in the marl.plugins "
+        "entry-point group")
+    with pytest.raises(ConfigError, match=r"^env=ghost: no such option; choose from: code, .* \(a plug-in's env\? "
+                                          r"add its config dir with --config-dir and its module with MARL_PLUGINS\)$"):
+        check_overrides("train", ["env=ghost"])  # nor its config dir
+    with pytest.raises(ConfigError, match=r"^experiment=toy/nope: no such option; choose from: toy/.*, toy/table/$"):
+        check_overrides("train", ["experiment=toy/nope"])
+    with pytest.raises(ConfigError, match=r"^env.name='ghost' is not registered; choose from: .* \(a plug-in's\? "
+                                          r"name its module in MARL_PLUGINS\)$"):
+        check_overrides("train", ["env.name=ghost"])
+
+
+@pytest.mark.parametrize("device,visible,message", [
+    ("cuda", 0, "device='cuda' but no CUDA device is visible"),
+    ("cuda:2", 2, "device='cuda:2' but this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
+    ("cuda:1", 2, None),
+])
+def test_the_device_is_checked_before_anything_is_built(monkeypatch, device, visible, message):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    if message is None:
+        check_overrides("train", [f"device={device}"])
+        return
+    with pytest.raises(ConfigError, match=f"^{message}".replace("(", r"\(").replace(")", r"\)")):
+        check_overrides("train", [f"device={device}"])
+    with pytest.raises(ConfigError, match="^policy.devices: " + message.replace("(", r"\(").replace(")", r"\)")):
+        check_overrides("train", ["policy.devices=[cpu," + device + "]"])
+
+
+def test_config_checks_import_no_torch():
+    probe = ("import sys; from marl_cli.config.schema import register_configs; register_configs(); "
+             "from marl_cli.config.validate import check_overrides; check_overrides('train', ['device=cpu']); "
+             "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_cli_device_without_cuda_fails_before_a_run_dir_or_model(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = marl("train", "device=cuda", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("marl train: error: device='cuda' but no CUDA device is visible")
+    assert not (tmp_path / "run").exists()
