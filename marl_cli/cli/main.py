@@ -10,7 +10,7 @@ COMMANDS = {
     "eval": ("marl_cli.cli.eval", "evaluate a run, a checkpoint or a model on held-out tasks (conf/eval.yaml)"),
     "report": ("marl_cli.cli.report", "tabulate run dirs beside paper numbers (Markdown, CSV; --plot for curves)"),
     "env": ("marl_cli.cli.env", "print versions, devices and tools (paste it into a bug report)"),
-    "completion": ("marl_cli.cli.completion", "print bash tab completion: eval \"$(marl completion bash)\""),
+    "completion": ("marl_cli.cli.completion", "print tab completion: eval \"$(marl completion bash)\" (or zsh)"),
 }
 
 USAGE = "usage: marl <command> [hydra overrides and flags] | marl --version\n\ncommands:\n" + "\n".join(
