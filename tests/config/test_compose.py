@@ -223,4 +223,4 @@ def test_cli_device_without_cuda_fails_before_a_run_dir_or_model(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("marl train: error: device='cuda' but no CUDA device is visible")
-    assert not (tmp_path / "run").exists()
+    assert out.stdout == "" and not (tmp_path / "run").exists()  # no job started: no run dir, nothing logged
