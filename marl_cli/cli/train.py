@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from marl_cli.cli.app import hydra_quote, key_of, overrides_in, run_app, run_job
@@ -63,11 +65,15 @@ def resumed_in_place(args: list[str]) -> list[str]:
     """A resume (``trainer.resume=<run dir>``) continues in its run dir: Hydra writes its config and log there
     instead of making a new run dir (unless ``hydra.run.dir`` or ``-m`` says otherwise)."""
     overrides = overrides_in(args)
-    resume = [o.split("=", 1)[1] for o in overrides if key_of(o) == "trainer.resume" and "=" in o]
+    resume = [o for o in overrides if key_of(o) == "trainer.resume" and "=" in o]
     given = any(key_of(o) == "hydra.run.dir" for o in overrides) or {"-m", "--multirun"} & set(args)
-    if not resume or not resume[0] or given:
+    if not resume or given:
         return []
-    return [f"hydra.run.dir={hydra_quote(str(Path(resume[0]).expanduser().resolve()))}"]
+    try:
+        where = OverridesParser.create().parse_override(resume[0]).value()  # unquoted: 'multirun/a=1,b=2/seed=0'
+    except HydraException:
+        return []  # the override check says what is wrong with it
+    return [f"hydra.run.dir={hydra_quote(str(Path(where).expanduser().resolve()))}"] if where else []
 
 
 def run(args: list[str]) -> None:

@@ -79,8 +79,10 @@ def test_a_group_the_default_experiment_does_not_fit_says_how_to_opt_out():
 def test_a_resume_continues_in_its_run_dir(monkeypatch):
     started = []
     monkeypatch.setattr(train_cli, "run_app", lambda command, name, app, args, hint=None: started.append(args))
-    train_cli.run(["trainer.resume=/runs/it's", "trainer.steps=9"])
-    assert started[-1] == ["trainer.resume=/runs/it's", "trainer.steps=9", "hydra.run.dir='/runs/it\\'s'"]
+    train_cli.run(["trainer.resume=/runs/a", "trainer.steps=9"])
+    assert started[-1] == ["trainer.resume=/runs/a", "trainer.steps=9", "hydra.run.dir='/runs/a'"]
+    train_cli.run(["trainer.resume='/sweep/a=1,b=2/seed=0'"])  # a sweep job's dir, quoted on the command line
+    assert started[-1][-1] == "hydra.run.dir='/sweep/a=1,b=2/seed=0'"
     for given in (["hydra.run.dir=/elsewhere"], ["-m"]):  # the user's own run dir, or a sweep: left alone
         train_cli.run(["trainer.resume=/runs/a", *given])
         assert started[-1] == ["trainer.resume=/runs/a", *given]
