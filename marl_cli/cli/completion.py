@@ -1,6 +1,6 @@
 """``marl completion bash|zsh``: tab completion for ``marl``: its commands, and for ``marl train``/``marl eval``
-each group's options (``experiment=toy/`` one folder at a time, never the ``base_*`` schemas) and the config's
-keys (through Hydra's own completion).
+each group's options (``experiment=toy/`` one folder at a time; no ``base_*`` schema, no experiments' building
+block) and the config's keys (through Hydra's own completion).
 
     eval "$(marl completion bash)"      # in ~/.bashrc
     eval "$(marl completion zsh)"       # in ~/.zshrc (after compinit)
@@ -71,6 +71,7 @@ def query(line: str) -> list[str]:
 def override_words(command: str, before: list[str], current: str) -> list[str]:
     """Completions of ``current``, an override of ``marl <command>`` after the arguments ``before``: a group's
     options from the config dirs (marl's ``conf/`` and ``--config-dir``), else Hydra's completion of config keys."""
+    from marl_cli.cli.help import is_building_block
     from marl_cli.config.paths import config_dir, config_dirs_in
 
     sign = current[:1] if current[:1] in "+~" else ""
@@ -80,7 +81,8 @@ def override_words(command: str, before: list[str], current: str) -> list[str]:
         folder = value.rpartition("/")[0] + "/" if "/" in value else ""
         entries = [p for root in roots if (root / key / folder).is_dir() for p in (root / key / folder).iterdir()]
         names = {f"{folder}{p.name}/" if p.is_dir() else f"{folder}{p.stem}" for p in entries
-                 if (p.is_dir() or p.suffix == ".yaml") and not p.name.startswith(("base_", ".", "_"))}
+                 if (p.is_dir() or (p.suffix == ".yaml" and not is_building_block(p)))
+                 and not p.name.startswith(("base_", ".", "_"))}
         return sorted(f"{sign}{key}={n}" for n in names if n.startswith(value))
     words = [w for w in hydra_words(command, before, current) if "=base_" not in w and "/base_" not in w]
     return [f"{w}=" if w[:1] != "~" and any(any((root / w.lstrip("+")).glob("*.yaml")) for root in roots) else w

@@ -32,6 +32,8 @@ def test_group_options_without_schemas_and_experiments_folder_by_folder():
     assert query("marl eval experiment=toy/table/plan_path_at") == [
         "experiment=toy/table/plan_path_at_grpo_per_role", "experiment=toy/table/plan_path_at_grpo_shared"]
     assert "experiment=paper/at_grpo/" in query("marl train experiment=paper/")
+    table = query("marl train experiment=toy/table/")
+    assert "experiment=toy/table/sudoku_grpo" in table and "experiment=toy/table/budget" not in table  # a part
     assert query(f"marl train -cd {EXAMPLE_CONF} env=r") == ["env=research", "env=reverse"]  # the user's config dir
 
 
