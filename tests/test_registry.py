@@ -44,7 +44,8 @@ def test_a_registry_files_by_name_and_names_the_choices():
     things.register("one")(1)
     things.register("two", schema=dict)(2)
     assert things.get("two") == 2 and things.schemas == {"two": dict} and "one" in things
-    with pytest.raises(ConfigError, match=r"^thing.name='three' is not registered; choose from: one, two$"):
+    with pytest.raises(ConfigError, match=r"^thing.name='three' is not registered; choose from: one, two "
+                                          r"\(a plug-in's\? name its module in MARL_PLUGINS\)$"):
         things.get("three")
     with pytest.raises(ValueError, match="registered twice"):
         things.register("one")(3)
