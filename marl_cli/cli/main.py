@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from marl_cli.determinism import prepare
+
 COMMANDS = {
     "train": ("marl_cli.cli.train", "train agents with GRPO, AT-GRPO or M-GRPO (a Hydra app over conf/train.yaml)"),
     "eval": ("marl_cli.cli.eval", "evaluate a run, a checkpoint or a model on held-out tasks (conf/eval.yaml)"),
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         print(f"marl: error: unknown command {command!r}; choose from: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
+    if argv is None:  # the command line itself (not a caller's list): its environment is still ours to set
+        prepare(rest)  # trainer.deterministic=true: before anything imports torch
     try:
         importlib.import_module(COMMANDS[command][0]).run(rest)
     except KeyboardInterrupt:  # a run stopped by SIGINT/SIGTERM has saved what it could and said so

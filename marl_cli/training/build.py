@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from marl_cli import determinism
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config
 from marl_cli.envs import ENVS, build_env
@@ -136,6 +137,8 @@ def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, 
     """
     check_config(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if OmegaConf.select(cfg, "trainer.deterministic", default=False):
+        determinism.apply(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     workflow = build_team(cfg)
