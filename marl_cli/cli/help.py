@@ -86,8 +86,15 @@ def help_text(command: str, args: list[str] | None = None) -> str:
         lines.append(f"  {'':<16}{', '.join(options(group, root))}")
     lines += [f"  {'experiment:':<16}a whole run pinned in one file (# @package _global_)",
               *(f"  {'':<16}{entry}" for entry in experiments(root)), "",
-              f"marl {command} experiment=embedded --cfg job   print the composed config (every key and its value)",
-              f"marl {command} --help <group>                   every key of a group: type, default, bounds, help",
-              f"marl {command} --hydra-help                     Hydra's own flags",
+              *(f"{f'marl {command} {args}':<33}{what}" for args, what in commands(command)),
               "docs/reference/config.md: the config reference (every group and key)"]
     return "\n".join(lines)
+
+
+def commands(command: str) -> list[tuple[str, str]]:
+    """The closing lines of ``marl <command> --help``: arguments and what they show."""
+    out = [("--cfg job", "print the composed config (every key and its value)")]
+    if command == "train":
+        out.append(("experiment=null", "the bare group defaults (marl train starts from experiment=embedded)"))
+    return [*out, ("--help <group>", "every key of a group: type, default, bounds, help"),
+            ("--hydra-help", "Hydra's own flags")]

@@ -45,3 +45,10 @@ def test_help_group_prints_its_reference_section():
     assert "`rollout.max_new_tokens`" in cli("eval", "--help", "rollout").stdout
     unknown = cli("train", "--help", "trainr")
     assert "no reference section 'trainr'; choose from: env," in unknown.stdout
+
+
+def test_help_names_the_default_experiment_and_the_opt_out():
+    train, evaluate = help_text("train"), help_text("eval")
+    assert "marl train --cfg job " in train and "experiment=embedded --cfg job" not in train
+    assert "marl train experiment=null " in train and "starts from experiment=embedded" in train
+    assert "marl eval --cfg job " in evaluate and "experiment=null" not in evaluate  # eval has no default experiment
