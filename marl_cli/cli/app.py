@@ -90,10 +90,16 @@ def fail(command: str, message: str) -> None:
     sys.exit(2)
 
 
+NO_EXPERIMENT = "experiment=null"
+"""The opt-out of an experiment as users write it; Hydra 1.3 refuses a null group override."""
+
+
 def run_app(command: str, config_name: str, hydra_main: Callable[[], object], args: list[str],
             hint: Callable[[], str] | None = None) -> None:
     """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``;
-    ``hint()`` ends the message of a config that does not check."""
+    ``hint()`` ends the message of a config that does not check. ``experiment=null`` (no experiment) becomes
+    Hydra 1.3's ``~experiment``, which deletes the defaults-list entry."""
+    args = ["~experiment" if arg == NO_EXPERIMENT else arg for arg in args]
     install = [a.split("=", 1)[1] for a in args if a.startswith("install=")]
     if {"-sc", "--shell-completion"}.intersection(args) and install:
         from marl_cli.cli.completion import run

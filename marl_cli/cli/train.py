@@ -27,18 +27,14 @@ def train_app(cfg: DictConfig) -> float | None:
 
 FIRST_RUN = "experiment=embedded"
 """What ``marl train`` starts from: the README's first run, which learns on a laptop CPU."""
-NO_EXPERIMENT = "experiment=null"
-"""The opt-out, as the user writes it; Hydra 1.3 deletes a defaults-list entry with ``~experiment``."""
 HINT = (" (marl train starts from experiment=embedded, 4x4 Plan-Path; add experiment=null to start from the bare "
         "group defaults)")
 """Ends a config error that the default experiment causes (``env=math`` meets its Plan-Path ``env.size``)."""
 
 
 def with_default(args: list[str]) -> list[str]:
-    """``args`` starting from :data:`FIRST_RUN` unless they name an experiment or resume a run;
-    ``experiment=null`` becomes Hydra's ``~experiment``."""
-    if NO_EXPERIMENT in args:
-        return ["~experiment" if arg == NO_EXPERIMENT else arg for arg in args]
+    """``args`` starting from :data:`FIRST_RUN` unless they name an experiment (``experiment=null`` too: ``run_app``
+    makes it Hydra's ``~experiment``) or resume a run."""
     keys = {key_of(o) for o in overrides_in(args)}
     if keys & {"experiment", "trainer.resume"}:
         return args

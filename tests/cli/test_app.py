@@ -53,8 +53,8 @@ def test_marl_train_starts_from_the_first_run_with_or_without_overrides(monkeypa
         assert started[-1] == ["experiment=embedded", *args]
     train_cli.run(["experiment=toy/plan_path_grpo", "seed=1"])
     assert started[-1] == ["experiment=toy/plan_path_grpo", "seed=1"]
-    train_cli.run(["experiment=null", "seed=1"])  # Hydra 1.3 refuses `group=null`; `~group` deletes the default
-    assert started[-1] == ["~experiment", "seed=1"]
+    train_cli.run(["experiment=null", "seed=1"])  # the opt-out: run_app makes it Hydra's `~experiment`
+    assert started[-1] == ["experiment=null", "seed=1"]
     train_cli.run(["~experiment"])
     assert started[-1] == ["~experiment"]
 
@@ -65,6 +65,8 @@ def test_cfg_job_shows_what_marl_train_runs():
     assert "name: embedded" in bare.stdout and bare.stdout == seeded.stdout
     for opt_out in ("experiment=null", "~experiment"):
         assert "name: default" in cli("train", opt_out, "--cfg", "job").stdout
+    evaluated = cli("eval", "experiment=null", "--cfg", "job")  # Hydra 1.3 refuses `group=null`: every command
+    assert evaluated.returncode == 0 and "name: default" in evaluated.stdout
 
 
 def test_a_group_the_default_experiment_does_not_fit_says_how_to_opt_out():
