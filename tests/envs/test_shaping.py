@@ -29,8 +29,9 @@ def wander(rng: random.Random) -> list[str]:
     return moves
 
 
-def plan_path_reward(env: PlanPathEnv, grid, moves: list[str]) -> tuple[float, bool]:
-    t = env.step(env.initial_state(grid), " ".join(moves))
+def played(env: PlanPathEnv | SokobanEnv, task, moves: list[str]) -> tuple[float, bool]:
+    """The reward and success of ``moves`` as one answer on ``task``."""
+    t = env.step(env.initial_state(task), " ".join(moves))
     return t.reward, t.success
 
 
@@ -57,10 +58,10 @@ def test_no_padded_plan_path_out_earns_the_shortest(size: int, stop_at_goal: boo
     for seed in range(INSTANCES):
         grid = env.make_task(seed)
         best = shortest_path(grid)
-        top, ok = plan_path_reward(env, grid, best)
+        top, ok = played(env, grid, best)
         assert ok
         for variant in padded_plan_paths(env, grid, best, rng):
-            reward, success = plan_path_reward(env, grid, variant)
+            reward, success = played(env, grid, variant)
             solved += success
             assert reward <= top + 1e-9, (grid.render(), best, variant, reward, top)
     assert solved > INSTANCES * VARIANTS // 2  # the variants mostly reach the goal: the check is not vacuous
@@ -74,14 +75,9 @@ def test_a_detour_costs_exactly_its_steps() -> None:
     grid = env.make_task(3)
     best = shortest_path(grid)
     move = next(m for m, (dr, dc) in MOVES.items() if grid.free((grid.start[0] + dr, grid.start[1] + dc)))
-    top, _ = plan_path_reward(env, grid, best)
-    reward, success = plan_path_reward(env, grid, [move, INVERSE[move], *best])
+    top, _ = played(env, grid, best)
+    reward, success = played(env, grid, [move, INVERSE[move], *best])
     assert success and reward == pytest.approx(top + 2 * cfg.step_reward - cfg.optimal_bonus)
-
-
-def sokoban_reward(env: SokobanEnv, task, moves: list[str]) -> tuple[float, bool]:
-    t = env.step(env.initial_state(task), " ".join(moves))
-    return t.reward, t.success
 
 
 def padded_sokobans(env: SokobanEnv, task, best: list[str], rng: random.Random) -> list[list[str]]:
@@ -117,10 +113,10 @@ def test_no_padded_sokoban_out_earns_the_shortest(boxes: int) -> None:
     for seed in range(INSTANCES):
         task = env.make_task(seed)
         best = solve(task, task.player, task.boxes)
-        top, ok = sokoban_reward(env, task, best)
+        top, ok = played(env, task, best)
         assert ok
         for variant in padded_sokobans(env, task, best, rng):
-            reward, success = sokoban_reward(env, task, variant)
+            reward, success = played(env, task, variant)
             solved += success
             pushed_off += success and pushes_off_goals(task, variant) > 0
             assert reward <= top + 1e-9, (task, best, variant, reward, top)
