@@ -13,8 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli import determinism
-from marl_cli.config.errors import ConfigError
-from marl_cli.config.validate import check_config
+from marl_cli.config.validate import check_config, check_device
 from marl_cli.envs import ENVS, build_env
 from marl_cli.policies.regime import Placement, Policy, attach_adapters, build_policies, routing
 from marl_cli.policies.roles import LORA_BASE, assign_roles
@@ -32,13 +31,10 @@ from."""
 
 
 def resolve_device(name: str) -> torch.device:
-    """``device=auto|cpu|cuda[:N]`` as a torch device; a clear error when CUDA is asked for but absent."""
+    """``device=auto|cpu|mps|cuda[:N]`` as a torch device; a one-line error when this machine lacks it."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but no CUDA device is visible; use device=cpu or device=auto")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device='mps' but this machine has no MPS (Apple GPU) device; use device=cpu or device=auto")
+    check_device(name)
     return torch.device(name)
 
 
