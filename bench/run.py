@@ -82,7 +82,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
 
         update_s, stats = timed(update, repeats)
         with mock.patch("marl_cli.rollout.generation.shared_prompt_cache", return_value=None), \
-                mock.patch("marl_cli.training.policy_trainer.shared_prompt_forward", return_value=None):
+                mock.patch("marl_cli.training.trl_adapter.shared_prompt_forward", return_value=None):
             rollout_unshared_s, _ = timed(rollout, repeats)
             update_unshared_s, _ = timed(update, repeats)
         update_full_s, _ = timed(lambda: update(full_trainers), repeats)

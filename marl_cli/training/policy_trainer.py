@@ -1,4 +1,4 @@
-"""The per-policy update, delegated to TRL's GRPOTrainer.
+"""The per-policy update, delegated to TRL's GRPOTrainer (only ever through ``training/trl_adapter.py``).
 
 marl produces its own rollouts and advantages, so it uses TRL's trainer for what TRL owns: the
 clipped policy loss (``loss_type``, ``epsilon``, ``beta``), the log-probabilities at the rollout
@@ -20,7 +20,6 @@ fractions and advantage statistics.
 
 from __future__ import annotations
 
-import copy
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -30,24 +29,10 @@ import torch
 
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
-from marl_cli.rollout.prefix import keeping_cache, shared_prompt_cache
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
-from marl_cli.training.sharding import (
-    gather_into,
-    load_optimizer_state,
-    master_weights,
-    optimizer_state,
-    regathered_prompt,
-    split,
-)
-from marl_cli.training.trl_args import GRPOConfig, GRPOTrainer, add_fused_lm_head, checkpointing_off
-
-CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-"""The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""
-OWN_METRICS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-               "clip_ratio/low_min", "clip_ratio/high_max")
-"""TRL's metrics of the loss forward that marl computes itself over every row (TRL's see the trained rows only)."""
+from marl_cli.training.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
+from marl_cli.training.trl_adapter import GRPOAdapter, grpo_args
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -151,60 +136,6 @@ def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch
     return float((per_token * mask).sum() / mask.sum().clamp(min=1))
 
 
-def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                          entropy: bool, autocast: Any,
-                          always: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens of each row (the completion),
-    each distinct prompt running once (``shared_prompt_cache``, ``always`` as there), scored by TRL's fused head
-    as its own forward scores them: the same numbers up to float rounding; gradients flow through the cache's
-    copies back to the shared prompt pass (on an FSDP2-sharded learner too: ``regathered_prompt``). None where
-    ``shared_prompt_cache`` is (the caller then runs TRL's forward)."""
-    width = input_ids.size(1) - logits_to_keep
-    with autocast(), keeping_cache(model):
-        with regathered_prompt(model):
-            cache = shared_prompt_cache(model, input_ids[:, :width], attention_mask[:, :width], always,
-                                        replayable=True)
-        if cache is None:
-            return None
-        tail = input_ids[:, width - 1:]
-        labels = tail.masked_fill(attention_mask[:, width - 1:] == 0, -100)
-        labels[:, 0] = -100
-        out = model(input_ids=tail, attention_mask=attention_mask, labels=labels, fused_lm_head=True, **cache)
-    return out.log_probs, (out.entropy if entropy else None)
-
-
-class _GRPOLoss(GRPOTrainer):
-    """TRL's GRPOTrainer, remembering the per-token log-probs of its last forward (for the KL to the old policy)
-    and running a prompt that several rows share once."""
-
-    last_logps: torch.Tensor | None = None
-    sharded: Any = None
-    """The FSDP2-sharded learner, if any: its forwards are collective, so every rank takes the same path."""
-    world: World = World()
-
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                                           logits_to_keep: int, batch_size: int | None = None,
-                                           compute_entropy: bool = False, **kwargs: Any) -> Any:
-        """TRL's, except that rows sharing a prompt share its forward pass (``shared_prompt_forward``; text-only
-        inputs without TRL's MoE auxiliary loss, unchunked)."""
-        shared = None
-        if (batch_size is None or batch_size >= len(input_ids)) and \
-                not any(value is not None and value is not False for value in kwargs.values()):
-            # sharded, each rank's forward gathers every layer's weights with the others': all ranks run their
-            # prompts ahead (shared or not), or none does (a prompt one token wide)
-            collective = model is self.sharded
-            if not collective or all(self.world.gather(input_ids.size(1) - logits_to_keep >= 2)):
-                shared = shared_prompt_forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy,
-                                               self.accelerator.autocast, always=collective)
-        if shared is not None:
-            out = (*shared, None)
-        else:
-            out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                             batch_size, compute_entropy, **kwargs)
-        self.last_logps = out[0].detach()
-        return out
-
-
 class PolicyTrainer:
     """Optimises one policy with TRL's GRPO loss on rows marl hands it.
 
@@ -227,82 +158,43 @@ class PolicyTrainer:
         self.world = world or World()
         policy.activate()  # the optimiser takes the parameters that require grad: this adapter's only
         model = policy.model
-        use_cpu = model.device.type == "cpu"
         if trainer_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        args = GRPOConfig(
-            output_dir=str(output_dir),
-            learning_rate=trainer_cfg.learning_rate,
-            lr_scheduler_type=trainer_cfg.lr_scheduler_type,
-            warmup_steps=trainer_cfg.warmup_steps,
-            weight_decay=trainer_cfg.weight_decay,
-            max_grad_norm=trainer_cfg.max_grad_norm,
-            loss_type=trainer_cfg.loss_type,
-            epsilon=trainer_cfg.epsilon,
-            epsilon_high=trainer_cfg.epsilon_high,
-            beta=0.0,  # marl supplies the reference log-probs itself (the policy at the start of RL)
-            num_iterations=trainer_cfg.num_iterations,
-            temperature=temperature if temperature > 0 else 1.0,
-            max_completion_length=max_completion_length,
-            num_generations=2,
-            per_device_train_batch_size=2,
-            gradient_accumulation_steps=1,
-            max_steps=max(trainer_cfg.steps, 1),
-            **checkpointing_off(),  # switched on by marl, on the model itself
-            use_cpu=use_cpu,
-            bf16=policy.autocast_dtype == torch.bfloat16,
-            fp16=policy.autocast_dtype == torch.float16,
-            report_to="none",
-            save_strategy="no",
-            logging_strategy="no",
-            seed=seed,
-            disable_tqdm=True,
-        )
+        args = grpo_args(trainer_cfg, temperature, max_completion_length, output_dir, seed, model.device,
+                         policy.autocast_dtype)
         self.sharded = trainer_cfg.sharding == "fsdp2" and self.world.size > 1
         whole = model
         if self.sharded:
             if policy.adapter is not None:
                 raise ValueError(f"trainer.sharding=fsdp2 trains full models; policy {policy.name!r} is an adapter")
             model, whole = split(model, self.world, policy.compute_dtype)
-        self.trl = _GRPOLoss(model=model, args=args, processing_class=policy.tokenizer,
-                             reward_funcs=[_rewards_come_from_rollouts], train_dataset=_placeholder_prompts())
-        self.trl.current_gradient_accumulation_steps = 1
-        self.trl.beta = trainer_cfg.beta
-        # TRL applies ``batch["importance_sampling_ratio"]`` (computed in ``_prepare``) only on its vLLM path
-        self.trl.use_vllm = self.trl.vllm_importance_sampling_correction = trainer_cfg.is_correction != "none"
-        if self.trl.accelerator.num_processes != self.world.size:
-            raise RuntimeError(f"TRL sees {self.trl.accelerator.num_processes} processes, marl {self.world.size}")
-        self.trl.create_optimizer_and_scheduler(num_training_steps=max(trainer_cfg.steps, 1))
-        self.learner = self.trl.model
+        self.grpo = GRPOAdapter(model, policy.tokenizer, args, trainer_cfg, self.world, self.sharded)
+        """TRL's trainer, behind the adapter that is marl's only way to it."""
+        self.learner = self.grpo.model
         """The module the optimiser trains and the scoring runs on (sharded under ``fsdp2``)."""
         self.model = policy.model = whole if self.sharded else self.learner
         """The policy's whole model (rollouts; the learner itself unless sharded)."""
         if self.sharded:
-            self.trl.sharded, self.trl.world = self.learner, self.world
             policy.mark_updated()
         self.device = self.model.device
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.reference = None
         if policy.adapter is None and (trainer_cfg.beta != 0.0 or trainer_cfg.log_ref_kl):
-            self.reference = _frozen_copy(self.model, args)
+            self.reference = self.grpo.frozen_copy(self.model)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return self.trl.optimizer
+        return self.grpo.optimizer
 
     @property
     def scheduler(self) -> Any:
-        return self.trl.lr_scheduler
+        return self.grpo.scheduler
 
     @torch.no_grad()
     def _forward(self, model: Any, batch: dict[str, torch.Tensor],
                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``model``'s per-token log-probs of ``batch``'s completions (and entropies with ``entropy``), no grad."""
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        logps, entropies, _ = self.trl._get_per_token_logps_and_entropies(
-            model, input_ids, mask, batch["completion_ids"].size(1), compute_entropy=entropy)
-        return logps, entropies
+        return self.grpo.logps(model, batch, entropy)
 
     def _logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._forward(model, batch)[0]
@@ -361,11 +253,11 @@ class PolicyTrainer:
         """KL to the old policy over the rows just back-propagated, and clip fractions over the whole mini-batch's
         tokens (``tokens``: its share per rank; the rows left out have a zero advantage, so none of their tokens
         is clipped)."""
-        old, new = batch["old_per_token_logps"], self.trl.last_logps
+        old, new = batch["old_per_token_logps"], self.grpo.last_logps
         stats["kl_old"].append(approx_kl(old, new, batch["completion_mask"]))
-        if self.cfg.loss_type in CLIPPED_LOSSES:
-            for key, value in clip_fractions(old, new, batch, self.trl.epsilon_low, self.trl.epsilon_high,
-                                             tokens).items():
+        clip = self.grpo.clip_range
+        if clip is not None:
+            for key, value in clip_fractions(old, new, batch, *clip, tokens).items():
                 stats[key].append(value)
 
     def update(self, samples: list[Sample], rng: random.Random) -> dict[str, float]:
@@ -374,58 +266,77 @@ class PolicyTrainer:
         lr = self.scheduler.get_last_lr()[0]
         stats: dict[str, list[float]] = defaultdict(list)
         if len(rows) >= self.world.size:
-            pad_id = self.policy.tokenizer.pad_token_id
-            wholes = mini_batches(rows, self.cfg.mini_batch_size, self.world)
-            shares = [self.world.share(whole) for whole in wholes]
-            trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage) for mine in shares]
-            # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows of each
-            # mini-batch, at least one: zero-advantage copies fill up
-            counts = [max(1, *n) for n in zip(*self.world.gather([len(t) for t in trained]), strict=True)]
-            batches = []
-            for whole, mine, kept, count in zip(wholes, shares, trained, counts, strict=True):
-                batch = collate(mine, pad_id, self.device)
-                tokens = sum(len(s.completion_ids) for s in whole)  # the token-sum losses' normaliser
-                batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
-                zeroed = count - len(kept)
-                index = kept + [kept[0] if kept else 0] * zeroed
-                weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world)
-                batches.append((batch, index, zeroed, weight))
-            self.policy.activate()
-            self.learner.train()
-            for batch, *_ in batches:
-                self._prepare(batch, stats)
-            for _ in range(self.cfg.num_iterations):
-                for whole, index, zeroed, weight in rng.sample(batches, len(batches)):
-                    batch = select_rows(whole, index, zeroed)
-                    loss = self.trl.compute_loss(self.learner, batch) * weight
-                    self._loss_stats(batch, self._token_share(whole), stats)
-                    self.trl.accelerator.backward(loss)
-                    if not self.sharded:  # FSDP2 reduce-scatters the ranks' mean gradient in the backward pass
-                        self.world.average_gradients(self.params)
-                    norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    stats["loss"].append(loss.item())
-                    stats["grad_norm"].append(float(norm))
-                    stats["trained_row_fraction"].append((len(index) - zeroed) / len(whole["advantages"]))
-            if self.sharded:
-                gather_into(self.learner, self.model)
-            self.policy.mark_updated()
-            advantages = torch.tensor([s.advantage for s in rows])
-            stats["advantage/mean"].append(float(advantages.mean()))
-            stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
-            stats["mini_batches"].append(float(len(batches)))
+            self._train(rows, rng, stats)
         self.scheduler.step()
-        stats = self._gathered(stats)
-        out = {k: (max(v) if k.endswith("/max") else min(v) if k.endswith("/min") else sum(v) / len(v))
-               for k, v in stats.items() if v}
-        for key, values in self.trl._metrics["train"].items():
-            if values and key not in OWN_METRICS:
-                out[key] = sum(values) / len(values)
-        self.trl._metrics["train"].clear()
+        out = self._summary(self._gathered(stats))
         out["learning_rate"] = lr
         out["rows"] = float(len(rows))
         out["dropped_rows"] = float(len(samples) - len(rows))
+        return out
+
+    def _train(self, rows: list[Sample], rng: random.Random, stats: dict[str, list[float]]) -> None:
+        """The optimiser steps of one RL step on ``rows`` (at least one per process), their statistics into
+        ``stats``."""
+        batches = self._mini_batches(rows)
+        self.policy.activate()
+        self.learner.train()
+        for batch, *_ in batches:
+            self._prepare(batch, stats)
+        for _ in range(self.cfg.num_iterations):
+            for whole, index, zeroed, weight in rng.sample(batches, len(batches)):
+                self._step(whole, index, zeroed, weight, stats)
+        if self.sharded:
+            gather_into(self.learner, self.model)
+        self.policy.mark_updated()
+        advantages = torch.tensor([s.advantage for s in rows])
+        stats["advantage/mean"].append(float(advantages.mean()))
+        stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
+        stats["mini_batches"].append(float(len(batches)))
+
+    def _mini_batches(self, rows: list[Sample]) -> list[tuple[dict[str, torch.Tensor], list[int], int, float]]:
+        """This process's share of each mini-batch of ``rows``, collated, with the indices of its rows to
+        back-propagate, how many of those are zero-advantage copies, and the weight of their loss."""
+        pad_id = self.policy.tokenizer.pad_token_id
+        wholes = mini_batches(rows, self.cfg.mini_batch_size, self.world)
+        shares = [self.world.share(whole) for whole in wholes]
+        trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage) for mine in shares]
+        # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows of each
+        # mini-batch, at least one: zero-advantage copies fill up
+        counts = [max(1, *n) for n in zip(*self.world.gather([len(t) for t in trained]), strict=True)]
+        batches = []
+        for whole, mine, kept, count in zip(wholes, shares, trained, counts, strict=True):
+            batch = collate(mine, pad_id, self.device)
+            tokens = sum(len(s.completion_ids) for s in whole)  # the token-sum losses' normaliser
+            batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
+            zeroed = count - len(kept)
+            index = kept + [kept[0] if kept else 0] * zeroed
+            weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world)
+            batches.append((batch, index, zeroed, weight))
+        return batches
+
+    def _step(self, whole: dict[str, torch.Tensor], index: list[int], zeroed: int, weight: float,
+              stats: dict[str, list[float]]) -> None:
+        """One optimiser step on the rows ``index`` of the mini-batch ``whole`` (see ``select_rows``), the loss
+        multiplied by ``weight``."""
+        batch = select_rows(whole, index, zeroed)
+        loss = self.grpo.loss(self.learner, batch) * weight
+        self._loss_stats(batch, self._token_share(whole), stats)
+        self.grpo.backward(loss)
+        if not self.sharded:  # FSDP2 reduce-scatters the ranks' mean gradient in the backward pass
+            self.world.average_gradients(self.params)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats["loss"].append(loss.item())
+        stats["grad_norm"].append(float(norm))
+        stats["trained_row_fraction"].append((len(index) - zeroed) / len(whole["advantages"]))
+
+    def _summary(self, stats: dict[str, list[float]]) -> dict[str, float]:
+        """One number per statistic (the max of ``*/max``, the min of ``*/min``, else the mean), then TRL's loss
+        metrics."""
+        out = {k: (max(v) if k.endswith("/max") else min(v) if k.endswith("/min") else sum(v) / len(v))
+               for k, v in stats.items() if v}
+        out.update(self.grpo.drain_metrics())
         return out
 
     def _gathered(self, stats: dict[str, list[float]]) -> dict[str, list[float]]:
@@ -456,26 +367,3 @@ class PolicyTrainer:
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-
-
-def _frozen_copy(model: Any, args: GRPOConfig) -> Any:
-    """A frozen copy of ``model`` as it is now (the KL reference), scoring tokens as the learner does."""
-    reference = copy.deepcopy(model)
-    reference.__dict__.pop("forward", None)  # drop the copied fused-head patch; it is re-added for the copy
-    reference.eval().requires_grad_(False)
-    if getattr(reference, "is_gradient_checkpointing", False):
-        reference.gradient_checkpointing_disable()
-    add_fused_lm_head(reference, temperature=args.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
-    return reference
-
-
-def _rewards_come_from_rollouts(prompts: list, completions: list, **kwargs: Any) -> list[float]:
-    """TRL's constructor requires a reward source; marl's rollout engine scores every sample instead."""
-    raise RuntimeError("marl scores samples in its rollout engine; TRL's generation loop must not run")
-
-
-def _placeholder_prompts() -> Any:
-    """TRL's constructor requires a dataset; marl feeds rollouts itself, so this one is never read."""
-    from datasets import Dataset
-
-    return Dataset.from_dict({"prompt": [""]})

@@ -36,9 +36,9 @@ def _trainer(policy, tmp_path, **kw):
 
 def test_config_passes_through_to_trl(policy, tmp_path):
     t = _trainer(policy, tmp_path, loss_type="dr_grpo", epsilon=0.3, epsilon_high=0.4, beta=0.0)
-    assert t.trl.loss_type == "dr_grpo"
-    assert (t.trl.epsilon_low, t.trl.epsilon_high) == (0.3, 0.4)
-    assert t.trl.temperature == 0.7  # the loss scores log-probs at the rollout temperature
+    assert t.grpo.trl.loss_type == "dr_grpo"
+    assert (t.grpo.trl.epsilon_low, t.grpo.trl.epsilon_high) == (0.3, 0.4)
+    assert t.grpo.trl.temperature == 0.7  # the loss scores log-probs at the rollout temperature
     assert set(t.scheduler.get_last_lr()) == {1e-2}
 
 
@@ -133,7 +133,7 @@ def test_importance_sampling_correction_weights_the_loss_as_trl_defines_it(polic
         batch = collate(rows, policy.tokenizer.pad_token_id, torch.device("cpu"))
         stats = defaultdict(list)
         trainer._prepare(batch, stats)
-        losses.append(trainer.trl.compute_loss(trainer.model, batch).item())
+        losses.append(trainer.grpo.loss(trainer.model, batch).item())
     if factor is not None:
         assert losses[1] == pytest.approx(factor * losses[0], abs=1e-6)
         assert stats["is_ratio/max"][0] == pytest.approx(factor, abs=1e-6)
@@ -174,11 +174,11 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tmp_path, monkeypatc
                      learning_rate=5e-3, skip_zero_advantage=skip)
         seen = []
 
-        def spy(model, batch, compute_loss=t.trl.compute_loss, seen=seen):
+        def spy(model, batch, compute_loss=t.grpo.trl.compute_loss, seen=seen):
             seen.append(len(batch["advantages"]))
             return compute_loss(model, batch)
 
-        t.trl.compute_loss = spy
+        t.grpo.trl.compute_loss = spy
         stats = [t.update(_mixed_rows(step), random.Random(step)) for step in range(3)]
         results[skip] = ({k: v.clone() for k, v in policy.model.state_dict().items()}, stats, seen)
     (full, full_stats, full_seen), (skipped, skip_stats, skip_seen) = results[False], results[True]
@@ -211,7 +211,7 @@ def _plain(t, model, batch, entropy=False):
     """TRL's own forward over every row (no prompt sharing)."""
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    return GRPOTrainer._get_per_token_logps_and_entropies(t.trl, model, input_ids, mask,
+    return GRPOTrainer._get_per_token_logps_and_entropies(t.grpo.trl, model, input_ids, mask,
                                                           batch["completion_ids"].size(1), compute_entropy=entropy)
 
 
@@ -259,10 +259,10 @@ def test_the_loss_through_a_shared_prompt_has_trls_gradient(policy, tmp_path, mo
     grads = {}
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr("marl_cli.training.policy_trainer.shared_prompt_forward", lambda *a, **k: None)
+            monkeypatch.setattr("marl_cli.training.trl_adapter.shared_prompt_forward", lambda *a, **k: None)
         t.model.train()
         t.model.zero_grad()
-        t.trl.compute_loss(t.model, batch).backward()
+        t.grpo.loss(t.model, batch).backward()
         grads[shared] = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
     assert grads[True].keys() == grads[False].keys() and grads[True]
     for name, grad in grads[False].items():
@@ -294,9 +294,9 @@ def test_under_gradient_checkpointing_a_shared_prompt_runs_once_with_trls_gradie
     grads = {}
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr("marl_cli.training.policy_trainer.shared_prompt_forward", lambda *a, **k: None)
+            monkeypatch.setattr("marl_cli.training.trl_adapter.shared_prompt_forward", lambda *a, **k: None)
         t.model.zero_grad()
-        t.trl.compute_loss(t.model, batch).backward()
+        t.grpo.loss(t.model, batch).backward()
         grads[shared] = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
         if shared:
             assert sorted(writes) == ["_PrefixLayer"] * 4 + ["_PromptLayer"] * 4  # 2 layers × (forward + replay)

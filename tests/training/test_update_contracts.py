@@ -56,13 +56,13 @@ def test_old_logprobs_of_every_mini_batch_are_the_samplers(tmp_path, monkeypatch
     rows = _sampled_rows(policy)
     trainer = _trainer(policy, tmp_path, mini_batch_size=4, learning_rate=5e-2)  # 12 rows: 3 mini-batches
     seen = []
-    compute_loss = trainer.trl.compute_loss
+    compute_loss = trainer.grpo.trl.compute_loss
 
     def spy(model, batch):
         seen.append({k: batch[k].clone() for k in ("old_per_token_logps", "sampling_logps", "sampling_mask")})
         return compute_loss(model, batch)
 
-    trainer.trl.compute_loss = spy
+    trainer.grpo.trl.compute_loss = spy
     stats = trainer.update(rows, random.Random(0))
     assert len(seen) == 3
     for batch in seen:
@@ -155,7 +155,7 @@ def test_bf16_policy_moves_at_lr_1e_6(tmp_path):
     assert next(policy.model.parameters()).dtype == torch.float32 and policy.compute_dtype == torch.bfloat16
     rows = _sampled_rows(policy)
     trainer = _trainer(policy, tmp_path, learning_rate=1e-6, mini_batch_size=64)
-    assert trainer.trl.accelerator.mixed_precision == "bf16"
+    assert trainer.grpo.trl.accelerator.mixed_precision == "bf16"
     before = {k: v.clone() for k, v in policy.model.named_parameters()}
     for _ in range(2):
         trainer.update(rows, random.Random(0))
@@ -182,7 +182,7 @@ def _saved_bytes_and_grads(policy, trainer, batch):
     batch = dict(batch, old_per_token_logps=trainer._logps(policy.model, batch))
     policy.model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = trainer.trl.compute_loss(policy.model, batch)
+        loss = trainer.grpo.loss(policy.model, batch)
     loss.backward()
     return sum(saved), {k: p.grad.clone() for k, p in policy.model.named_parameters() if p.grad is not None}
 
