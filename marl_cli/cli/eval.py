@@ -1,4 +1,5 @@
-"""``marl eval``: the Hydra app over ``conf/eval.yaml``."""
+"""``marl eval``: the Hydra app over ``conf/eval.yaml``, started from the first run (``cli.first_run``) unless the
+command line names an experiment or loads a run (``load=``, which keeps the run's own config)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from marl_cli.cli.app import run_app, run_job
+from marl_cli.cli.first_run import FIRST_RUN, default_hint, with_default
 from marl_cli.config.paths import config_dir
 
 
@@ -18,4 +20,6 @@ def eval_app(cfg: DictConfig) -> float | None:
 
 
 def run(args: list[str]) -> None:
-    run_app("eval", "eval", eval_app, args)
+    started = with_default(args)
+    hint = default_hint("eval", args) if started[0] == FIRST_RUN else None
+    run_app("eval", "eval", eval_app, started, hint)

@@ -94,7 +94,7 @@ def help_text(command: str, args: list[str] | None = None) -> str:
 def commands(command: str) -> list[tuple[str, str]]:
     """The closing lines of ``marl <command> --help``: arguments and what they show."""
     out = [("--cfg job", "print the composed config (every key and its value)")]
-    if command == "train":
-        out.append(("experiment=null", "the bare group defaults (marl train starts from experiment=embedded)"))
+    if command in ("train", "eval"):
+        out.append(("experiment=null", f"the bare group defaults (marl {command} starts from experiment=embedded)"))
     return [*out, ("--help <group>", "every key of a group: type, default, bounds, help"),
             ("--hydra-help", "Hydra's own flags")]

@@ -1,9 +1,8 @@
-"""``marl train``: the Hydra app over ``conf/train.yaml``, started from ``experiment=embedded`` unless the command
-line names an experiment (``experiment=null``: the bare group defaults) or resumes a run (which keeps its own)."""
+"""``marl train``: the Hydra app over ``conf/train.yaml``, started from the first run (``cli.first_run``) unless the
+command line names an experiment (``experiment=null``: the bare group defaults) or resumes a run (which keeps its own)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -12,9 +11,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from marl_cli.cli.app import hydra_quote, key_of, overrides_in, run_app, run_job
-from marl_cli.config.errors import ConfigError
-from marl_cli.config.paths import config_dir, config_dirs_in
-from marl_cli.config.validate import check_overrides
+from marl_cli.cli.first_run import FIRST_RUN, default_hint, with_default
+from marl_cli.config.paths import config_dir
 
 
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")
@@ -23,38 +21,6 @@ def train_app(cfg: DictConfig) -> float | None:
     from marl_cli.training.loop import train
 
     return run_job("train", train, cfg)
-
-
-FIRST_RUN = "experiment=embedded"
-"""What ``marl train`` starts from: the README's first run, which learns on a laptop CPU."""
-HINT = (" (marl train starts from experiment=embedded, 4x4 Plan-Path; add experiment=null to start from the bare "
-        "group defaults)")
-"""Ends a config error that the default experiment causes (``env=math`` meets its Plan-Path ``env.size``)."""
-
-
-def with_default(args: list[str]) -> list[str]:
-    """``args`` starting from :data:`FIRST_RUN` unless they name an experiment (``experiment=null`` too: ``run_app``
-    makes it Hydra's ``~experiment``) or resume a run."""
-    keys = {key_of(o) for o in overrides_in(args)}
-    if keys & {"experiment", "trainer.resume"}:
-        return args
-    return [FIRST_RUN, *args]
-
-
-def default_hint(args: list[str]) -> Callable[[], str]:
-    """:data:`HINT` if ``args`` pick a group option (``env=math``) and check without the default experiment (so
-    the default is what does not fit them)."""
-
-    def hint() -> str:
-        if not any("." not in key_of(o) and (config_dir() / key_of(o)).is_dir() for o in overrides_in(args)):
-            return ""
-        try:
-            check_overrides("train", ["~experiment", *overrides_in(args)], config_dirs_in(args))
-        except ConfigError:
-            return ""
-        return HINT
-
-    return hint
 
 
 def resumed_in_place(args: list[str]) -> list[str]:
@@ -74,5 +40,5 @@ def resumed_in_place(args: list[str]) -> list[str]:
 
 def run(args: list[str]) -> None:
     started = with_default(args)
-    hint = default_hint(args) if started[0] == FIRST_RUN else None
+    hint = default_hint("train", args) if started[0] == FIRST_RUN else None
     run_app("train", "train", train_app, [*started, *resumed_in_place(args)], hint)

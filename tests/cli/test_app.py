@@ -3,6 +3,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
+from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
 from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_job
 from marl_cli.config.paths import config_dir
@@ -57,6 +58,16 @@ def test_marl_train_starts_from_the_first_run_with_or_without_overrides(monkeypa
     assert started[-1] == ["experiment=null", "seed=1"]
     train_cli.run(["~experiment"])
     assert started[-1] == ["~experiment"]
+
+
+def test_marl_eval_starts_from_the_first_run_unless_it_loads_a_run(monkeypatch):
+    started = []
+    monkeypatch.setattr(eval_cli, "run_app", lambda command, name, app, args, hint=None: started.append(args))
+    eval_cli.run(["eval.samples=4"])
+    assert started[-1] == ["experiment=embedded", "eval.samples=4"]
+    for args in (["load=/runs/a"], ["experiment=null"], ["experiment=toy/plan_path_grpo"]):
+        eval_cli.run(args)  # a loaded run keeps its own experiment (run_app adds its saved overrides)
+        assert started[-1] == args
 
 
 def test_cfg_job_shows_what_marl_train_runs():

@@ -51,4 +51,4 @@ def test_help_names_the_default_experiment_and_the_opt_out():
     train, evaluate = help_text("train"), help_text("eval")
     assert "marl train --cfg job " in train and "experiment=embedded --cfg job" not in train
     assert "marl train experiment=null " in train and "starts from experiment=embedded" in train
-    assert "marl eval --cfg job " in evaluate and "experiment=null" not in evaluate  # eval has no default experiment
+    assert "marl eval --cfg job " in evaluate and "marl eval experiment=null " in evaluate  # the same default
