@@ -1,5 +1,6 @@
-"""``marl train``: the Hydra app over ``conf/train.yaml``, started from the first run (``cli.first_run``) unless the
-command line names an experiment (``experiment=null``: the bare group defaults) or resumes a run (which keeps its own)."""
+"""``marl train``: the Hydra app over ``conf/train.yaml``, started from the first run (``cli.first_run``) unless
+the command line names an experiment (``experiment=null``: the bare group defaults) or resumes a run (which keeps
+its own)."""
 
 from __future__ import annotations
 

@@ -81,15 +81,26 @@ def is_report_dir(path: Path) -> bool:
     return isinstance(config, dict) and "runs" in config and "env" not in config
 
 
+def is_resume_leftover(path: Path) -> bool:
+    """A dir that an older marl made when resuming another run (``trainer.resume`` pointing elsewhere): only its
+    ``.hydra/`` and a log, no ``summary.json`` nor ``metrics.jsonl`` (the resumed run's own dir holds the results)."""
+    if (path / "summary.json").exists() or (path / "metrics.jsonl").exists():
+        return False
+    overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    resumed = [str(o).split("=", 1)[1].strip("'\"") for o in overrides or [] if str(o).startswith("trainer.resume=")]
+    return bool(resumed) and Path(resumed[0]).expanduser().resolve() != path.resolve()
+
+
 def find_run_dirs(root: Path) -> list[Path]:
-    """``root`` if it is a run dir, else every run dir below it (not descending into run dirs), in natural order."""
+    """``root`` if it is a run dir, else every run dir below it (not descending into run dirs), in natural order;
+    a search skips the empty dirs older resumes left (:func:`is_resume_leftover`)."""
     if is_run_dir(root):
         return [] if is_report_dir(root) else [root]
     found: list[Path] = []
     for dirpath, dirnames, _ in os.walk(root):
         here = Path(dirpath)
         if here != root and is_run_dir(here):
-            if not is_report_dir(here):
+            if not is_report_dir(here) and not is_resume_leftover(here):
                 found.append(here)
             dirnames.clear()
             continue

@@ -51,6 +51,15 @@ def test_discover_skips_report_dirs_and_keeps_runs_without_summary(tmp_path):
     assert discover([str(tmp_path / "outputs")]) == [run]
 
 
+def test_a_search_skips_the_empty_dirs_older_resumes_left(tmp_path, monkeypatch):
+    run = make_run(tmp_path, "outputs/a/1")
+    leftover = make_run(tmp_path, "outputs/a/2", status=None, overrides=[f"trainer.resume='{run}'"])
+    in_place = make_run(tmp_path, "outputs/a/3", status=None, overrides=["trainer.resume=outputs/a/3"])
+    monkeypatch.chdir(tmp_path)
+    assert discover([str(tmp_path / "outputs")]) == [run, in_place]  # a resume in its own dir is the run itself
+    assert discover([str(leftover)]) == [leftover]  # named on its own, it is listed
+
+
 @pytest.mark.parametrize(("config", "command", "label"), [
     ({"workflow": {"name": "single_agent"}, "algorithm": {"name": "grpo"}, "trainer": {"steps": 0}}, "train",
      "single agent"),
