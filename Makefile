@@ -57,7 +57,7 @@ bad-input: $(STAMP)
 
 # The config reference (docs/reference/config.md) from the schemas; rerun after adding or changing a config key.
 reference: $(STAMP)
-	$(BIN)/python -m marl_cli.config.reference
+	$(BIN)/python -m marl_cli.cli.reference
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or a page left out.
 docs: $(STAMP)

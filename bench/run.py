@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.plugins import register_configs
 from marl_cli.rollout.engine import run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.store import SQLiteStore

@@ -10,15 +10,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from marl_cli import registry
 from marl_cli.algorithms import ALGORITHMS
+from marl_cli.config import registry
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.config.registry import Registry, load_plugins
 from marl_cli.config.validate import check_overrides
 from marl_cli.envs.base import ENVS
+from marl_cli.plugins import register_configs
 from marl_cli.policies.roles import REGIMES, assign_roles
-from marl_cli.registry import Registry, load_plugins
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.workflows.base import WORKFLOWS
 from tests.helpers import TINY

@@ -2,7 +2,7 @@
 ``ALGORITHMS`` when imported (all are imported here, so a new estimator is one module plus its YAML)."""
 
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
-from marl_cli.registry import import_modules
+from marl_cli.config.registry import import_modules
 
 import_modules(__name__, __path__)
 

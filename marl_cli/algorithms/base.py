@@ -1,7 +1,9 @@
 """What an algorithm is to the training loop: an advantage estimator and the rollouts it accepts.
 
-An algorithm registers itself beside its estimator (``ALGORITHMS.register(name)(Algorithm(...))``);
-``algorithm.name`` in a config selects it, and ``config.validate`` checks its rules before a run starts.
+An algorithm registers itself beside its estimator: ``ALGORITHMS.register(name, schema=..., check=...)(Algorithm(...))``
+(a schema for settings of its own, a check for its rules across keys). ``algorithm.name`` in a config selects
+it, and ``config.validate`` checks before a run starts that the rollout mode is one it is defined for
+(``check_mode``, every algorithm), then runs its own check.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from marl_cli.registry import Registry
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.registry import Registry
 from marl_cli.rollout.samples import Sample
 
 Estimator = Callable[[list[Sample], Any, random.Random, "dict[int, list[int]] | None"],
@@ -35,4 +38,12 @@ class Algorithm:
     hierarchical: bool = False
 
 
-ALGORITHMS: Registry[Algorithm] = Registry("algorithm.name")
+def check_mode(cfg: Any) -> None:
+    """The rollout mode (``algorithm.mode``) is one the selected algorithm is defined for."""
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)
+    if cfg.algorithm.mode not in algorithm.modes:
+        raise ConfigError(f"algorithm.mode={cfg.algorithm.mode} is not defined for algorithm={cfg.algorithm.name}; "
+                          f"choose from: {', '.join(algorithm.modes)} (tree rollouts are algorithm=at_grpo)")
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm.name", "algorithm", check=check_mode)

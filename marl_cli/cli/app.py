@@ -17,12 +17,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.launch import launched_rank, launched_world_size
 from marl_cli.config.paths import config_dirs_in
-from marl_cli.config.schema import register_configs
+from marl_cli.config.registry import load_plugins
 from marl_cli.config.validate import check_overrides
-from marl_cli.registry import load_plugins
+from marl_cli.plugins import register_configs
 from marl_cli.tracking.tracker import write_json
-from marl_cli.training.launch import launched_rank, launched_world_size
 
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 """Flags that only print something; no run starts, so overrides are left to Hydra."""

@@ -96,7 +96,7 @@ def hydra_words(command: str, before: list[str], current: str) -> list[str]:
     from hydra.plugins.completion_plugin import DefaultCompletionPlugin
 
     from marl_cli.config.paths import config_dir, config_dirs_in
-    from marl_cli.config.schema import register_configs
+    from marl_cli.plugins import register_configs
 
     register_configs()
     search_path = create_config_search_path(str(config_dir()))

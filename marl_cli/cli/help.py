@@ -72,7 +72,9 @@ def help_text(command: str, args: list[str] | None = None) -> str:
     """``marl <command> --help``; with a section name among ``args`` (``--help trainer``), that section of the
     config reference instead."""
     from marl_cli.config.reference import section_text, sections
+    from marl_cli.plugins import load_builtin
 
+    load_builtin()  # the options' schemas
     root = config_dir()
     wanted = [a for a in args or [] if not a.startswith("-") and "=" not in a]
     if wanted:

@@ -3,7 +3,7 @@ default (per option), bounds and help.
 
 The help of a key is the comment on its schema field's line, or the comment lines right above it (the
 first class along the MRO that has one); bounds come from ``bounded(...)`` metadata and choices from
-``StrEnum`` types. ``python -m marl_cli.config.reference`` (``make reference``) writes
+``StrEnum`` types. ``python -m marl_cli.cli.reference`` (``make reference``) writes
 ``docs/reference/config.md``; ``marl train --help <section>`` prints one section of the same text.
 """
 
@@ -26,6 +26,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from marl_cli.config.paths import config_dir
+from marl_cli.config.registry import registries
 from marl_cli.config.schema import (
     GROUP_SCHEMAS,
     EvalSchema,
@@ -148,17 +149,13 @@ EXTRA_SECTIONS: dict[str, tuple[type, str, tuple[str, ...]]] = {
 """Section → (schema, key prefix, the fields it covers; empty: all)."""
 
 
-@cache
 def registered_schemas() -> dict[tuple[str, str], type]:
-    """(group, ``base_<name>``) → schema: each group's generic schema and every built-in plug-in's."""
-    import marl_cli.envs
-    import marl_cli.workflows  # noqa: F401  (every module registers its plug-ins)
-    from marl_cli.envs.base import ENVS
-    from marl_cli.workflows.base import WORKFLOWS
-
+    """(group, ``base_<name>``) → schema: each group's generic schema and every loaded plug-in's (load the
+    built-in ones first: ``marl_cli.plugins.load_builtin``)."""
     table = {(group, f"base_{group}"): schema for group, schema in GROUP_SCHEMAS.items()}
-    for registry in (ENVS, WORKFLOWS):
-        table.update({(registry.group, f"base_{name}"): s for name, s in registry.schemas.items()})
+    for registry in registries():
+        if registry.group:
+            table.update({(registry.group, f"base_{name}"): s for name, s in registry.schemas.items()})
     return table
 
 
@@ -290,7 +287,8 @@ def reference_text(root: Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m marl_cli.config.reference [--out PATH]``: write the reference (default: the docs' file)."""
+    """Write the reference (default: the docs' file); ``python -m marl_cli.cli.reference [--out PATH]`` loads the
+    built-in plug-ins and runs this."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REFERENCE_PATH)
     out = parser.parse_args(argv).out
@@ -298,6 +296,3 @@ def main(argv: list[str] | None = None) -> None:
     out.write_text(reference_text())
     print(f"wrote {out}: {sum(len(k) for k in all_keys().values())} keys in {len(sections())} sections")
 
-
-if __name__ == "__main__":
-    main()

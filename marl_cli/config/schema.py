@@ -18,6 +18,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from marl_cli.config.registry import registries
+
 
 def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
     """A field whose value must be ``>= ge``, ``> gt`` and ``<= le`` (None: no bound; a None value is never checked)."""
@@ -517,17 +519,12 @@ def required(what: str) -> None:
 
 
 def register_configs() -> None:
-    """Register the root schemas, each group's generic schema, every plug-in's schema and the job-dir resolver.
+    """Register the root schemas, each group's generic schema, every registered plug-in's schema
+    (``<group>/base_<name>``, from every registry) and the resolvers.
 
-    The plug-ins are the built-in environments and workflows and whatever ``registry.load_plugins`` imports.
+    The plug-ins are those imported so far: call ``marl_cli.plugins.register_configs`` (which loads the
+    built-in and the user's plug-ins first) rather than this.
     """
-    import marl_cli.envs
-    import marl_cli.workflows  # noqa: F401
-    from marl_cli.envs.base import ENVS
-    from marl_cli.registry import load_plugins
-    from marl_cli.workflows.base import WORKFLOWS
-
-    load_plugins()
     OmegaConf.register_new_resolver("marl_job_dir", job_dir, replace=True)
     OmegaConf.register_new_resolver("marl_required", required, replace=True)
     cs = ConfigStore.instance()
@@ -536,6 +533,7 @@ def register_configs() -> None:
     cs.store(name="report_schema", node=ReportSchema)
     for group, node in GROUP_SCHEMAS.items():
         cs.store(group=group, name=f"base_{group}", node=node)
-    for registry in (ENVS, WORKFLOWS):
+    for registry in registries():
         for name, node in registry.schemas.items():
-            cs.store(group=registry.group, name=f"base_{name}", node=node)
+            if registry.group:
+                cs.store(group=registry.group, name=f"base_{name}", node=node)

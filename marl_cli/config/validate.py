@@ -4,14 +4,15 @@ Hydra reports composition errors over several lines with exit code 1. ``check_ov
 every value of every sweep once (each alone, the other sweeps at their first value) and runs
 ``check_config`` on it, raising a ``ConfigError`` naming the key and, where there is a list, the valid
 choices. ``check_config`` holds every rule of a run config that needs no model: keys no schema
-declares, field ranges (``schema.bounded``), names of registered plug-ins and the rules across groups.
-It runs in the ``marl`` process before Hydra makes a run dir, and again at the start of every job.
+declares, field ranges (``schema.bounded``), names of registered plug-ins, the rules each plug-in carries
+(its registry's ``check`` and its own, run for whichever plug-in of each kind the config selects) and the
+rules across the core groups. It imports no plug-in (load them first: ``marl_cli.plugins``). It runs in the
+``marl`` process before Hydra makes a run dir, and again at the start of every job.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 from collections.abc import Iterator
@@ -24,14 +25,10 @@ from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.launch import launched_world_size
 from marl_cli.config.paths import config_dir
-from marl_cli.envs.base import ENVS
-from marl_cli.policies.roles import assign_roles, uses_adapters
-from marl_cli.rollout.backends import BACKENDS
-from marl_cli.training.launch import launched_world_size
-from marl_cli.workflows.base import WORKFLOWS
+from marl_cli.config.registry import Registry, registries
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
@@ -86,8 +83,9 @@ def describe(exc: BaseException) -> str:
 
 PLUGIN_HINT = ("name the plug-in's module or .py file in MARL_PLUGINS (comma-separated) or in the marl.plugins "
                "entry-point group")
-PLUGIN_GROUPS = ("env", "workflow")
-"""The groups a plug-in adds options to (with its schema, ``<group>/base_<name>``)."""
+PLUGIN_GROUPS = ("env", "workflow", "algorithm", "policy", "rollout")
+"""The groups a plug-in adds options to (with its schema, ``<group>/base_<name>``), in the order their
+plug-ins are checked."""
 
 
 def _group_and_choice(path: str) -> tuple[str, str]:
@@ -157,24 +155,6 @@ def check_schema(cfg: DictConfig) -> None:
                 raise ConfigError(f"{path}{key}={value}: must be {wanted}")
 
 
-def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
-    """The sub roles decoupled M-GRPO trainers exchange (none for ``trainer.role=all``), after checking the
-    setup: decoupled trainers need a hierarchical algorithm and the sub roles on their own full model."""
-    role = cfg.trainer.role
-    if role == "all":
-        return []
-    if not ALGORITHMS.get(cfg.algorithm.name).hierarchical:
-        raise ConfigError(f"trainer.role={role} runs decoupled M-GRPO trainers; it needs algorithm=m_grpo")
-    subs = [r for r in cfg.algorithm.aligned_roles if r in role_map]
-    if not subs:
-        raise ConfigError(f"trainer.role={role}: the workflow has none of algorithm.aligned_roles "
-                          f"{list(cfg.algorithm.aligned_roles)}")
-    shared = {role_map[r] for r in subs} & {p for r, p in role_map.items() if r not in subs}
-    if uses_adapters(cfg.policy) or shared:
-        raise ConfigError(f"trainer.role={role}: the sub-agent must have its own full model (policy=per_role)")
-    return subs
-
-
 def check_device(name: str, where: str = "") -> None:
     """That this machine has ``device=<name>`` (mps, cuda, cuda:<index>), checked before any model is built; torch
     is imported only for such a device (auto and cpu need no check, and config checks stay fast without it)."""
@@ -207,45 +187,40 @@ def _check_devices(cfg: DictConfig) -> None:
         check_device(device, "" if key == "device" else f"{key}: ")
 
 
+def plugin_registries() -> list[Registry[Any]]:
+    """The registry of every plug-in group, in ``PLUGIN_GROUPS`` order; an error if a group's plug-ins are not
+    loaded (``marl_cli.plugins.load_all`` loads them; this layer imports none)."""
+    by_group = {r.group: r for r in registries() if r.group}
+    missing = [g for g in PLUGIN_GROUPS if g not in by_group]
+    if missing:
+        raise RuntimeError(f"no {', '.join(missing)} plug-ins are loaded: call marl_cli.plugins.register_configs() "
+                           "(or load_all()) before checking a config")
+    return [by_group[g] for g in PLUGIN_GROUPS] + [r for g, r in by_group.items() if g not in PLUGIN_GROUPS]
+
+
+def check_plugins(cfg: DictConfig) -> None:
+    """Every selected plug-in is registered (one line naming the choices if not), then each kind's and each
+    selected plug-in's own check (the rules a plug-in carries: a backend's requirements, a regime's, ...)."""
+    kinds = plugin_registries()
+    for registry in kinds:
+        registry.selected(cfg)
+    for registry in kinds:
+        registry.check_selected(cfg)
+
+
 def check_run(cfg: DictConfig) -> None:
-    """The rules across groups: registered names, rollout mode, roles, decoupled trainers, what a run loads."""
-    ENVS.get(cfg.env.name)
-    backend = BACKENDS.get(cfg.rollout.backend)
-    needs = getattr(backend, "requires", None)
-    if needs and importlib.util.find_spec(needs.module) is None:
-        raise ConfigError(f"rollout={cfg.rollout.backend} needs {needs.module}: {needs.install}")
-    algorithm = ALGORITHMS.get(cfg.algorithm.name)
-    if cfg.algorithm.mode not in algorithm.modes:
-        raise ConfigError(f"algorithm.mode={cfg.algorithm.mode} is not defined for algorithm={cfg.algorithm.name}; "
-                          f"choose from: {', '.join(algorithm.modes)} (tree rollouts are algorithm=at_grpo)")
-    if WORKFLOWS.get(cfg.workflow.name).trajectory_rewards and not algorithm.hierarchical:
-        raise ConfigError(f"workflow={cfg.workflow.name} rewards whole trajectories; train it with algorithm=m_grpo")
+    """The rules across groups: the plug-ins' (``check_plugins``), devices, roles, what a run loads, processes."""
+    check_plugins(cfg)
     _check_devices(cfg)
     source = cfg.model.name_or_path
     local = source and (source.startswith(("/", ".", "~")) or source.count("/") > 1)  # hub ids: name, org/name
     if local and not Path(source).expanduser().exists():
         raise ConfigError(f"model.name_or_path={source}: no such directory (a hub id looks like org/name)")
-    if cfg.policy.devices and uses_adapters(cfg.policy):
-        raise ConfigError(f"policy.devices places full-model policies; policy={cfg.policy.name} serves every role "
-                          "from one base model")
-    if cfg.policy.devices and cfg.rollout.backend != "hf":
-        raise ConfigError(f"policy.devices works with rollout=hf for now (rollout={cfg.rollout.backend} places its "
-                          "engines itself)")
-    if cfg.trainer.sharding != "none" and uses_adapters(cfg.policy):
-        raise ConfigError(f"trainer.sharding={cfg.trainer.sharding} splits full-model learners across processes; "
-                          f"policy={cfg.policy.name} trains small adapters on a frozen base (use policy=shared or "
-                          "policy=per_role)")
     roles = list(cfg.workflow.roles)
-    role_map = assign_roles(cfg.policy, roles)
-    unknown = sorted(set(cfg.trainer.frozen_roles) - set(roles))
-    if unknown:
-        raise ConfigError(f"trainer.frozen_roles names roles {unknown} that the workflow lacks; roles: {roles}")
-    sub_roles(cfg, role_map)
-    unknown = sorted(set(cfg.model.system_prompts) - set(roles))
-    if unknown:
-        raise ConfigError(f"model.system_prompts names roles {unknown} that the workflow lacks; roles: {roles}")
-    if cfg.trainer.init_from and uses_adapters(cfg.policy):
-        raise ConfigError("trainer.init_from starts full-model policies; policy=lora_per_role keeps only adapters")
+    for key in ("trainer.frozen_roles", "model.system_prompts"):
+        unknown = sorted(set(OmegaConf.select(cfg, key)) - set(roles))
+        if unknown:
+            raise ConfigError(f"{key} names roles {unknown} that the workflow lacks; roles: {roles}")
     for key in ("trainer.resume", "trainer.init_from"):
         where = OmegaConf.select(cfg, key)
         if where and not Path(where).is_dir():
@@ -296,9 +271,6 @@ def _check_eval(cfg: DictConfig) -> None:
         raise ConfigError(f"eval.pass_k={list(cfg.eval.pass_k)}: every k must be between 1 and eval.samples={samples}")
     if cfg.load and not Path(cfg.load).exists():
         raise ConfigError(f"load={cfg.load}: no such run or checkpoint directory")
-    if not cfg.load and uses_adapters(cfg.policy):
-        raise ConfigError("policy=lora_per_role without load= has no adapters to evaluate; "
-                          "evaluate the base model with policy=shared")
 
 
 def check_config(cfg: DictConfig) -> None:

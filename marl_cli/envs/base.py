@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.registry import Registry
+from marl_cli.config.registry import Registry
 
 EVAL_SEED_BASE = 1_000_000_000
 """Evaluation tasks use seeds ``EVAL_SEED_BASE + i``; training seeds always lie below it."""

@@ -3,7 +3,9 @@
 A regime says which policy a role acts through by default and what a policy is: a full model, or a
 LoRA adapter on one frozen base model (``adapters``: the base is warm-started as a whole first, saved
 once per run under ``lora_base/``, and checkpoints hold only the adapters). A new regime is one
-``REGIMES.register`` line here plus its ``conf/policy/<name>.yaml``.
+``REGIMES.register`` line (here, or in a plug-in module with its schema and check) plus its
+``conf/policy/<name>.yaml``. The rules every regime shares (roles and their policies, decoupled trainers,
+what adapters cannot do) are ``check_regime``, run by ``config.validate`` before a run starts.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
-from marl_cli.registry import Registry
+from marl_cli.config.registry import Registry
 
 LORA_BASE = "lora_base"
 """Where an adapter regime keeps its frozen (warm-started) base model, under the run dir."""
@@ -32,10 +35,6 @@ class Regime:
     adapters: bool = False
 
 
-REGIMES: Registry[Regime] = Registry("policy.name")
-REGIMES.register("shared")(Regime(lambda role: "shared"))
-REGIMES.register("per_role")(Regime(lambda role: role))
-REGIMES.register("lora_per_role")(Regime(lambda role: role, adapters=True))
 
 
 def uses_adapters(policy_cfg: Any) -> bool:
@@ -51,3 +50,53 @@ def assign_roles(policy_cfg: Any, roles: list[str]) -> dict[str, str]:
     if unknown:
         raise ConfigError(f"policy.assignment names roles {unknown} that the workflow lacks; roles: {roles}")
     return {role: explicit.get(role, regime.policy_of(role)) for role in roles}
+
+
+def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
+    """The sub roles decoupled M-GRPO trainers exchange (none for ``trainer.role=all``), after checking the
+    setup: decoupled trainers need a hierarchical algorithm and the sub roles on their own full model."""
+    role = cfg.trainer.role
+    if role == "all":
+        return []
+    if not ALGORITHMS.get(cfg.algorithm.name).hierarchical:
+        raise ConfigError(f"trainer.role={role} runs decoupled M-GRPO trainers; it needs algorithm=m_grpo")
+    subs = [r for r in cfg.algorithm.aligned_roles if r in role_map]
+    if not subs:
+        raise ConfigError(f"trainer.role={role}: the workflow has none of algorithm.aligned_roles "
+                          f"{list(cfg.algorithm.aligned_roles)}")
+    shared = {role_map[r] for r in subs} & {p for r, p in role_map.items() if r not in subs}
+    if uses_adapters(cfg.policy) or shared:
+        raise ConfigError(f"trainer.role={role}: the sub-agent must have its own full model (policy=per_role)")
+    return subs
+
+
+def check_adapters(cfg: Any) -> None:
+    """What a regime of adapters on one frozen base cannot do: place policies on devices, shard full-model
+    learners, start from full-model checkpoints, or evaluate without trained adapters."""
+    name = cfg.policy.name
+    if cfg.policy.devices:
+        raise ConfigError(f"policy.devices places full-model policies; policy={name} serves every role "
+                          "from one base model")
+    if cfg.trainer.sharding != "none":
+        raise ConfigError(f"trainer.sharding={cfg.trainer.sharding} splits full-model learners across processes; "
+                          f"policy={name} trains small adapters on a frozen base (use policy=shared or "
+                          "policy=per_role)")
+    if cfg.trainer.init_from:
+        raise ConfigError(f"trainer.init_from starts full-model policies; policy={name} keeps only adapters")
+    if "eval" in cfg and not cfg.load:
+        raise ConfigError(f"policy={name} without load= has no adapters to evaluate; "
+                          "evaluate the base model with policy=shared")
+
+
+def check_regime(cfg: Any) -> None:
+    """Every regime's rules: the role→policy map (``policy.assignment``), decoupled trainers' setup and, for a
+    regime of adapters, ``check_adapters``."""
+    sub_roles(cfg, assign_roles(cfg.policy, list(cfg.workflow.roles)))
+    if uses_adapters(cfg.policy):
+        check_adapters(cfg)
+
+
+REGIMES: Registry[Regime] = Registry("policy.name", "policy", check=check_regime)
+REGIMES.register("shared")(Regime(lambda role: "shared"))
+REGIMES.register("per_role")(Regime(lambda role: role))
+REGIMES.register("lora_per_role")(Regime(lambda role: role, adapters=True))

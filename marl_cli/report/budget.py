@@ -16,7 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.plugins import register_configs
 
 BUDGET_KEYS = ("trainer.steps", "rollout.tasks_per_step", "algorithm.num_generations", "trainer.num_iterations",
                "trainer.mini_batch_size", "env.eval_size", "rollout.max_new_tokens", "trainer.warmstart.enabled",

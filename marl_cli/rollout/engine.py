@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
-from marl_cli.rollout.generation import Generation, HFGenerator, Sampling
+from marl_cli.rollout.backends.base import Generator
+from marl_cli.rollout.generation import Generation, Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.workflows.base import Outcome, TeamState, Workflow
 
@@ -70,76 +71,109 @@ def select(outcomes: list[Outcome], selection: str, rng: random.Random) -> int:
     return rng.choice([i for i, o in enumerate(outcomes) if o.reward == best])
 
 
-def run_episodes(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str], tasks: list[Any],
-                 k: int, sampling: Sampling, generator: HFGenerator, mode: str = "independent",
-                 selection: str = "greedy", rng: random.Random | None = None) -> RolloutResult:
-    """Play every task (``k`` branches, or ``k`` candidates per agent turn in tree mode); return all rows."""
-    if mode not in MODES:
-        raise ConfigError(f"algorithm.mode={mode!r} is unknown; choose from: {', '.join(MODES)}")
-    if selection not in SELECTIONS:
-        raise ConfigError(f"algorithm.selection={selection!r} is unknown; choose from: {', '.join(SELECTIONS)}")
-    rng = rng or random.Random(0)
-    tree = mode == "tree"
-    branches, candidates = (1, k) if tree else (k, 1)
-    episodes = [Episode(t, b, workflow.initial_state(task)) for t, task in enumerate(tasks) for b in range(branches)]
-    samples: list[Sample] = []
-    calls_before = generator.calls
-    calls_per_turn: list[int] = []
-    for turn in range(workflow.max_turns):
-        calls_at_turn = generator.calls
-        for stage in workflow.stages(turn):
-            live = [ep for ep in episodes if not ep.done]
-            if not live:
+@dataclass
+class Rollout:
+    """What a run plays episodes with, built once (``training/build.py::build_run``): the team (workflow over its
+    env), the policies and which one acts for each role now (``routing``), the generation backend, the sampling
+    settings (the learner's loss temperature reads the same ``sampling``), and the rollout mode and tree selection.
+
+    ``play(tasks, k, rng)`` plays a training rollout; ``evaluation()`` is this rollout with the evaluation
+    sampling, one independent episode per sample.
+    """
+
+    workflow: Workflow
+    policies: dict[str, Policy]
+    routing: dict[str, str]
+    generator: Generator
+    sampling: Sampling
+    eval_sampling: Sampling | None = None
+    mode: str = "independent"
+    selection: str = "greedy"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"algorithm.mode={self.mode!r} is unknown; choose from: {', '.join(MODES)}")
+        if self.selection not in SELECTIONS:
+            raise ConfigError(f"algorithm.selection={self.selection!r} is unknown; choose from: "
+                              f"{', '.join(SELECTIONS)}")
+
+    def evaluation(self) -> Rollout:
+        """This rollout with the evaluation sampling (the training sampling when none is set), independent episodes."""
+        return replace(self, sampling=self.eval_sampling or self.sampling, mode="independent")
+
+    def play(self, tasks: list[Any], k: int, rng: random.Random | None = None) -> RolloutResult:
+        """Play every task (``k`` branches, or ``k`` candidates per agent turn in tree mode); return all rows."""
+        rng = rng or random.Random(0)
+        tree = self.mode == "tree"
+        branches, candidates = (1, k) if tree else (k, 1)
+        workflow, generator = self.workflow, self.generator
+        episodes = [Episode(t, b, workflow.initial_state(task)) for t, task in enumerate(tasks)
+                    for b in range(branches)]
+        samples: list[Sample] = []
+        calls_before = generator.calls
+        calls_per_turn: list[int] = []
+        for turn in range(workflow.max_turns):
+            calls_at_turn = generator.calls
+            for stage in workflow.stages(turn):
+                live = [ep for ep in episodes if not ep.done]
+                if not live:
+                    break
+                generations = self._generate_stage(stage, live, candidates)
+                for role in stage:
+                    samples += self._act(role, turn, live, generations[role], candidates, rng)
+            calls_per_turn.append(generator.calls - calls_at_turn)
+            if all(ep.done for ep in episodes):
                 break
-            generations = _generate_stage(workflow, policies, role_map, stage, live, candidates, sampling, generator)
-            for role in stage:
-                acting = [ep for ep in live if not ep.done and (ep.task, ep.branch) in generations[role]]
-                jobs = [(ep.state, g.text) for ep in acting for g in generations[role][ep.task, ep.branch]]
-                segments = [workflow.segment(role, ep.state) for ep in acting]
-                outcomes = workflow.act_many(role, jobs)
-                for i, ep in enumerate(acting):
-                    gens = generations[role][ep.task, ep.branch]
-                    mine = outcomes[i * candidates:(i + 1) * candidates]
-                    for c, (gen, out) in enumerate(zip(gens, mine, strict=True)):
-                        samples.append(Sample(
-                            task=ep.task, branch=c if tree else ep.branch, turn=turn, role=role,
-                            policy=role_map[role], prompt_ids=gen.prompt_ids, completion_ids=gen.completion_ids,
-                            reward=out.reward, success=out.solved, format_ok=out.format_ok,
-                            info={**out.info, "local": out.local, "team": out.team}, segment=segments[i],
-                            sampling_logprobs=gen.logprobs, prompt_truncated=gen.prompt_truncated,
-                            finished=gen.finished))
-                    chosen = mine[select(mine, selection, rng)] if tree else mine[0]
-                    ep.state = chosen.state
-                    ep.team_return += chosen.reward
-                    ep.turns = turn + 1
-        calls_per_turn.append(generator.calls - calls_at_turn)
-        if all(ep.done for ep in episodes):
-            break
-    rows: dict[tuple[int, int], list[Sample]] = defaultdict(list)
-    for s in samples:
-        rows[s.task, 0 if tree else s.branch].append(s)
-    for ep in episodes:
-        workflow.settle(ep.state, rows[ep.task, ep.branch])
-    return RolloutResult(samples, episodes, generator.calls - calls_before, calls_per_turn)
+        rows: dict[tuple[int, int], list[Sample]] = defaultdict(list)
+        for s in samples:
+            rows[s.task, 0 if tree else s.branch].append(s)
+        for ep in episodes:
+            workflow.settle(ep.state, rows[ep.task, ep.branch])
+        return RolloutResult(samples, episodes, generator.calls - calls_before, calls_per_turn)
 
+    def _act(self, role: str, turn: int, live: list[Episode], generations: dict[tuple[int, int], list[Generation]],
+             candidates: int, rng: random.Random) -> list[Sample]:
+        """Score ``role``'s candidates in every episode where it acted, advance each episode with the selected one
+        (tree) or its only one; the candidates' sample rows."""
+        workflow, tree = self.workflow, self.mode == "tree"
+        acting = [ep for ep in live if not ep.done and (ep.task, ep.branch) in generations]
+        jobs = [(ep.state, g.text) for ep in acting for g in generations[ep.task, ep.branch]]
+        segments = [workflow.segment(role, ep.state) for ep in acting]
+        outcomes = workflow.act_many(role, jobs)
+        samples: list[Sample] = []
+        for i, ep in enumerate(acting):
+            gens = generations[ep.task, ep.branch]
+            mine = outcomes[i * candidates:(i + 1) * candidates]
+            for c, (gen, out) in enumerate(zip(gens, mine, strict=True)):
+                samples.append(Sample(
+                    task=ep.task, branch=c if tree else ep.branch, turn=turn, role=role,
+                    policy=self.routing[role], prompt_ids=gen.prompt_ids, completion_ids=gen.completion_ids,
+                    reward=out.reward, success=out.solved, format_ok=out.format_ok,
+                    info={**out.info, "local": out.local, "team": out.team}, segment=segments[i],
+                    sampling_logprobs=gen.logprobs, prompt_truncated=gen.prompt_truncated, finished=gen.finished))
+            chosen = mine[select(mine, self.selection, rng)] if tree else mine[0]
+            ep.state = chosen.state
+            ep.team_return += chosen.reward
+            ep.turns = turn + 1
+        return samples
 
-def _generate_stage(workflow: Workflow, policies: dict[str, Policy], role_map: dict[str, str], stage: list[str],
-                    live: list[Episode], candidates: int, sampling: Sampling,
-                    generator: HFGenerator) -> dict[str, dict[tuple[int, int], list[Generation]]]:
-    """Generate for every role of the stage that is acting, one batched call per policy (per policy and system
-    message when roles of one policy have different ones); results by role and episode."""
-    by_policy: dict[tuple[str, str | None], list[tuple[str, Episode]]] = defaultdict(list)
-    for role in stage:  # roles of one policy share a call unless their system messages differ
-        for ep in live:
-            if workflow.acting(role, ep.state):
-                by_policy[role_map[role], sampling.system_prompts.get(role)].extend([(role, ep)] * candidates)
-    out: dict[str, dict[tuple[int, int], list[Generation]]] = {role: defaultdict(list) for role in stage}
-    for (name, _), items in by_policy.items():
-        prompts = [workflow.prompt(role, ep.state) for role, ep in items]
-        gens = generator.generate(policies[name], prompts, sampling.for_role(items[0][0]))
-        for (role, ep), gen in zip(items, gens, strict=True):
-            out[role][ep.task, ep.branch].append(gen)
-    return out
+    def _generate_stage(self, stage: list[str], live: list[Episode],
+                        candidates: int) -> dict[str, dict[tuple[int, int], list[Generation]]]:
+        """Generate for every role of the stage that is acting, one batched call per policy (per policy and system
+        message when roles of one policy have different ones); results by role and episode."""
+        workflow, sampling = self.workflow, self.sampling
+        by_policy: dict[tuple[str, str | None], list[tuple[str, Episode]]] = defaultdict(list)
+        for role in stage:  # roles of one policy share a call unless their system messages differ
+            for ep in live:
+                if workflow.acting(role, ep.state):
+                    by_policy[self.routing[role], sampling.system_prompts.get(role)].extend([(role, ep)] * candidates)
+        out: dict[str, dict[tuple[int, int], list[Generation]]] = {role: defaultdict(list) for role in stage}
+        for (name, _), items in by_policy.items():
+            prompts = [workflow.prompt(role, ep.state) for role, ep in items]
+            gens = self.generator.generate(self.policies[name], prompts, sampling.for_role(items[0][0]))
+            for (role, ep), gen in zip(items, gens, strict=True):
+                out[role][ep.task, ep.branch].append(gen)
+        return out
 
 
 def row_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:

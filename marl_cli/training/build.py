@@ -1,10 +1,11 @@
 """One assembly for every marl app (train, eval, bench, tests): ``build_run`` turns a checked config into
-the team (workflow over its env), the role→policy map, the policies, the rollout backend and sampling."""
+the role→policy map (computed once here), where the policies load from (``PolicySource``) and the ``Rollout`` (the
+team over its env, the policies, the rollout backend and the sampling every rollout and the learner use)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,21 +14,29 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli import determinism
+from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config, check_device
 from marl_cli.envs import ENVS, build_env
-from marl_cli.policies.regime import Placement, Policy, attach_adapters, build_policies, routing
+from marl_cli.policies.regime import (
+    Placement,
+    Policy,
+    attach_adapters,
+    build_policies,
+    load_checkpoint,
+    policy_dirs,
+    resume_sources,
+    routing,
+)
 from marl_cli.policies.roles import LORA_BASE, assign_roles
 from marl_cli.rollout.backends import BACKENDS
-from marl_cli.rollout.engine import RolloutResult
+from marl_cli.rollout.backends.base import Generator
+from marl_cli.rollout.engine import Rollout, RolloutResult
 from marl_cli.rollout.generation import Sampling
 from marl_cli.sandbox import Sandbox
+from marl_cli.training.checkpoint import latest_checkpoint
 from marl_cli.training.distributed import World, play_shared
 from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
-
-PolicyLoader = Callable[[dict[str, str], Placement], dict[str, Policy]]
-"""``(role→policy map of the roles to build, where each goes) -> policies by name``: where a run's policies come
-from."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -73,6 +82,78 @@ def build_team(cfg: DictConfig, seed: int | None = None, sandbox: Sandbox | None
     return build_workflow(cfg.workflow, build_env(cfg.env, cfg.seed if seed is None else seed, sandbox))
 
 
+def resolve_load(load: str) -> tuple[Path, Path]:
+    """The run dir and checkpoint dir that ``load`` (a run dir or ``<run>/checkpoints/step_N``) names."""
+    path = Path(load).expanduser().resolve()
+    if (path / "state.pt").exists() and path.parent.name == "checkpoints":
+        return path.parents[1], path
+    if not path.exists():
+        raise ConfigError(f"load={load}: no such run or checkpoint directory")
+    try:
+        return path, latest_checkpoint(path)
+    except ConfigError as exc:
+        raise ConfigError(f"load={load}: not a checkpoint (<run>/checkpoints/step_N) nor a run dir with one") from exc
+
+
+def initial_policies(checkpoint: Path, names: set[str]) -> dict[str, str]:
+    """Where each policy starts under ``trainer.init_from``: ``<checkpoint>/policies/<name>`` (full models)."""
+    missing = sorted(n for n in names if not (checkpoint / "policies" / n / "config.json").exists())
+    if missing:
+        raise ConfigError(f"trainer.init_from={checkpoint}: no saved model for policies {missing} under "
+                          f"{checkpoint / 'policies'}")
+    return policy_dirs(checkpoint, names)
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where a run's policies load from, read once from the config (``of``) by ``build_run``.
+
+    Args:
+        checkpoint: the checkpoint a resumed training run continues from (``trainer.resume``), or the one
+            ``marl eval`` loads (``load=``); None: a fresh start.
+        loaded_run: ``marl eval load=``: the run dir ``checkpoint`` belongs to.
+        init_from: ``trainer.init_from``: the checkpoint a fresh training run's full models start from.
+        evaluating: ``marl eval`` (no fp32 master weights; the run seed builds the model as configured).
+    """
+
+    checkpoint: Path | None = None
+    loaded_run: Path | None = None
+    init_from: Path | None = None
+    evaluating: bool = False
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> PolicySource:
+        if "load" in cfg:  # the marl eval app
+            if not cfg.load:
+                return cls(evaluating=True)
+            loaded_run, checkpoint = resolve_load(cfg.load)
+            return cls(checkpoint, loaded_run, evaluating=True)
+        resume = OmegaConf.select(cfg, "trainer.resume")
+        checkpoint = latest_checkpoint(Path(resume).resolve()) if resume else None
+        init_from = OmegaConf.select(cfg, "trainer.init_from")
+        return cls(checkpoint, init_from=Path(init_from) if init_from else None)
+
+    @property
+    def resumed(self) -> Path | None:
+        """The checkpoint a resumed training run continues from (None: a fresh run, or an evaluation)."""
+        return None if self.evaluating else self.checkpoint
+
+    def load(self, cfg: DictConfig, run_dir: Path, owned: dict[str, str], device: Placement) -> dict[str, Policy]:
+        """The policies of the roles in ``owned`` (role → policy), placed on ``device``."""
+        if self.evaluating and self.checkpoint is not None:
+            return load_checkpoint(cfg, owned, self.loaded_run, self.checkpoint, device, run_dir)
+        if self.evaluating:
+            return build_policies(owned, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name)
+        names = set(owned.values())
+        sources = None
+        if self.checkpoint is not None:
+            sources = resume_sources(cfg.policy, run_dir, self.checkpoint, names)
+        elif self.init_from is not None:
+            sources = initial_policies(self.init_from, names)
+        return build_policies(owned, cfg.model, init_seed(cfg), run_dir, device, sources, cfg.policy.name,
+                              master_weights=True)
+
+
 @dataclass
 class Run:
     """What a run acts with.
@@ -80,26 +161,41 @@ class Run:
     Args:
         cfg: the checked run config.
         run_dir: where the run writes (the tiny model's initial weights too).
-        workflow: the team over its environment.
-        role_map: role → the policy it acts through.
-        policies: the policies built (under ``lora_per_role`` the base until adapters attach).
-        routing: role → the policy that acts for it now (the LoRA base until adapters attach).
-        generator: the rollout backend's generator.
-        train_sampling: sampling of training rollouts.
-        eval_sampling: sampling of evaluations.
+        role_map: role → the policy it acts through (computed once per run, by ``build_run``).
+        rollout: the team, the policies as routed now, the generation backend and the sampling settings.
+        source: where the policies were loaded from.
         world: the processes training the run together (``training/distributed.py``).
     """
 
     cfg: DictConfig
     run_dir: Path
-    workflow: Workflow
     role_map: dict[str, str]
-    policies: dict[str, Policy]
-    routing: dict[str, str]
-    generator: Any
-    train_sampling: Sampling
-    eval_sampling: Sampling
+    rollout: Rollout
+    source: PolicySource = field(default_factory=PolicySource)
     world: World = field(default_factory=World)
+
+    @property
+    def workflow(self) -> Workflow:
+        return self.rollout.workflow
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        """The policies built (under ``lora_per_role`` the base until adapters attach)."""
+        return self.rollout.policies
+
+    @property
+    def routing(self) -> dict[str, str]:
+        """Role → the policy that acts for it now (the LoRA base until adapters attach)."""
+        return self.rollout.routing
+
+    @property
+    def generator(self) -> Generator:
+        return self.rollout.generator
+
+    @property
+    def sampling(self) -> Sampling:
+        """How training rollouts sample; the learner's loss temperature is this ``temperature``."""
+        return self.rollout.sampling
 
     def play(self, tasks: Sequence[Any], play: Callable[[list[Any]], RolloutResult]) -> RolloutResult:
         """``play`` this process's share of ``tasks`` and gather every process's result (``play_shared``), once the
@@ -118,18 +214,30 @@ class Run:
     def attach_adapters(self, saved: dict[str, str] | None = None) -> None:
         """Adapter regimes: split the (warm-started) base into one adapter per policy, loading ``saved``
         adapter dirs by policy name (a resume); every role acts through its own adapter from then on."""
-        self.policies = attach_adapters(self.policies[LORA_BASE], self.role_map, self.cfg.policy, self.run_dir,
-                                        saved)
-        self.routing = routing(self.role_map, self.policies)
+        policies = attach_adapters(self.policies[LORA_BASE], self.role_map, self.cfg.policy, self.run_dir, saved)
+        self.rollout.policies = policies
+        self.rollout.routing = routing(self.role_map, policies)
 
 
-def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, roles: Collection[str] | None = None,
-              eval_temperature: float | None = None) -> Run:
+def decoupled_sub_roles(cfg: DictConfig, role_map: dict[str, str]) -> list[str]:
+    """The sub roles decoupled M-GRPO trainers exchange (``algorithm.aligned_roles`` the workflow has; none for
+    ``trainer.role=all``); ``check_config`` has checked the setup."""
+    if OmegaConf.select(cfg, "trainer.role", default="all") == "all":
+        return []
+    return [r for r in cfg.algorithm.aligned_roles if r in role_map]
+
+
+def eval_temperature(cfg: DictConfig) -> float:
+    """The temperature evaluations sample at (0: greedy)."""
+    return cfg.eval.temperature if "eval" in cfg else cfg.rollout.eval_temperature
+
+
+def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     """Check ``cfg`` and build what the run acts with (seeding Python and torch from ``cfg.seed``).
 
-    ``load`` builds the policies (default: from ``cfg.model``, fp32 master weights for training);
-    ``roles`` limits the policies built to those roles' (a decoupled sub trainer builds only its own);
-    ``eval_temperature`` overrides ``rollout.eval_temperature`` (``marl eval``'s ``eval.temperature``).
+    The policies load from where the config says (``PolicySource.of``: a resume's checkpoint, ``trainer.init_from``,
+    ``marl eval``'s ``load=``, else ``cfg.model``); a decoupled sub trainer (``trainer.role=sub``) builds only its
+    roles' policies.
     """
     check_config(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -140,13 +248,12 @@ def build_run(cfg: DictConfig, run_dir: Path, load: PolicyLoader | None = None, 
     workflow = build_team(cfg)
     role_map = assign_roles(cfg.policy, workflow.roles)
     device = placement(cfg, role_map)
-    owned = {r: p for r, p in role_map.items() if roles is None or r in roles}
-    if load is None:
-        policies = build_policies(owned, cfg.model, init_seed(cfg), run_dir, device, None, cfg.policy.name,
-                                  master_weights=True)
-    else:
-        policies = load(owned, device)
-    temperature = cfg.rollout.eval_temperature if eval_temperature is None else eval_temperature
-    return Run(cfg, run_dir, workflow, role_map, policies, routing(role_map, policies),
-               BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
-               sampling_from(cfg.rollout, cfg.model, temperature), World.current())
+    source = PolicySource.of(cfg)
+    mine = decoupled_sub_roles(cfg, role_map) if OmegaConf.select(cfg, "trainer.role") == "sub" else role_map
+    owned = {r: p for r, p in role_map.items() if r in mine}
+    policies = source.load(cfg, run_dir, owned, device)
+    rollout = Rollout(workflow, policies, routing(role_map, policies), BACKENDS.get(cfg.rollout.backend)(cfg),
+                      sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
+                      sampling_from(cfg.rollout, cfg.model, eval_temperature(cfg)),
+                      cfg.algorithm.mode, cfg.algorithm.selection)
+    return Run(cfg, run_dir, role_map, rollout, source, World.current())

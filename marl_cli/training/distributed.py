@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from marl_cli.config.launch import launched_world_size
 from marl_cli.rollout.engine import RolloutResult
-from marl_cli.training.launch import launched_world_size
 
 T = TypeVar("T")
 

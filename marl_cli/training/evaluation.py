@@ -19,14 +19,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from marl_cli.config.errors import ConfigError
-from marl_cli.policies.regime import Placement, Policy, build_policies, load_checkpoint
-from marl_cli.rollout.engine import RolloutResult, rollout_metrics, run_episodes
+from marl_cli.rollout.engine import RolloutResult, rollout_metrics
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run
-from marl_cli.training.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +44,8 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     (``rollout.batch_size`` episodes), with a progress bar when ``progress=true`` on a terminal; ``rows``, when given,
     receives every sample row played.
     """
-    workflow, size, sampling = run.workflow, run.cfg.env.eval_size, run.eval_sampling
+    rollout = run.rollout.evaluation()
+    workflow, size, sampling = rollout.workflow, run.cfg.env.eval_size, rollout.sampling
     start_time = time.perf_counter()
     tasks = [workflow.env.task("eval", i) for i in range(size)]
     chunk = max(1, sampling.batch_size // samples)
@@ -58,7 +56,7 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
                   dynamic_ncols=True, leave=False) as bar:
             for first in range(0, len(mine), chunk):
                 batch = mine[first:first + chunk]
-                part = run_episodes(workflow, run.policies, run.routing, batch, samples, sampling, run.generator)
+                part = rollout.play(batch, samples)
                 for item in (*part.episodes, *part.samples):
                     item.task += first
                 played.episodes += part.episodes
@@ -84,40 +82,19 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     return metrics
 
 
-def resolve_load(load: str) -> tuple[Path, Path]:
-    """The run dir and checkpoint dir that ``load`` (a run dir or ``<run>/checkpoints/step_N``) names."""
-    path = Path(load).expanduser().resolve()
-    if (path / "state.pt").exists() and path.parent.name == "checkpoints":
-        return path.parents[1], path
-    if not path.exists():
-        raise ConfigError(f"load={load}: no such run or checkpoint directory")
-    try:
-        return path, latest_checkpoint(path)
-    except ConfigError as exc:
-        raise ConfigError(f"load={load}: not a checkpoint (<run>/checkpoints/step_N) nor a run dir with one") from exc
-
-
 def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """``marl eval``: evaluate the loaded (or configured) policies; return the summary (also ``summary.json``)."""
     pass_k = tuple(cfg.eval.pass_k)
     summary: dict[str, Any] = {"status": "running", "command": "eval", "name": cfg.name, "run_dir": str(run_dir),
                                "env": cfg.env.name, "workflow": cfg.workflow.name, "regime": cfg.policy.name,
                                "load": None, "samples": cfg.eval.samples, "temperature": cfg.eval.temperature}
-    load = None
-    if cfg.load:
-        loaded_run, checkpoint = resolve_load(cfg.load)
+    run = build_run(cfg, run_dir)
+    loaded_run, checkpoint = run.source.loaded_run, run.source.checkpoint
+    if checkpoint is not None:
         summary.update(load=str(checkpoint), loaded_run=str(loaded_run), loaded_step=int(checkpoint.name[5:]))
         saved_cfg = loaded_run / ".hydra" / "config.yaml"
         if saved_cfg.exists():
             summary["loaded_name"] = OmegaConf.load(saved_cfg).get("name")
-
-        def load(role_map: dict[str, str], device: Placement) -> dict[str, Policy]:
-            return load_checkpoint(cfg, role_map, loaded_run, checkpoint, device, run_dir)
-    else:
-
-        def load(role_map: dict[str, str], device: Placement) -> dict[str, Policy]:
-            return build_policies(role_map, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name)
-    run = build_run(cfg, run_dir, load, eval_temperature=cfg.eval.temperature)
     policies = run.policies
     summary["policies"] = {n: p.roles for n, p in policies.items()}
     write_json(run_dir / "summary.json", summary)

@@ -2,23 +2,24 @@
 
 The ``Trainer`` calls every hook, in order, ``on_start`` before its first step, ``on_step`` after each
 step, ``on_end`` after the last and ``on_interrupt`` on Ctrl-C; a hook does its work through the
-trainer's methods (``evaluate``, ``save``, ``log``).
+trainer's methods (``evaluate``, ``save``) and its tracker. What a hook sees of the trainer is ``FitLoop``
+(so this module does not import the loop).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.console import draws_bars
-
-if TYPE_CHECKING:
-    from marl_cli.training.loop import Trainer
+from marl_cli.tracking.tracker import Tracker
+from marl_cli.training.build import Run
 
 log = logging.getLogger(__name__)
 READABLE_ROWS = 4
@@ -48,19 +49,35 @@ def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[s
     return " | ".join(parts)
 
 
+class FitLoop(Protocol):
+    """What a hook sees of the trainer (``training/loop.py::Trainer``)."""
+
+    cfg: DictConfig
+    run: Run
+    tracker: Tracker
+    trainers: dict[str, Any]  # policy name -> its learner
+    start: int  # the step the fit started after (a resume's checkpoint step, else 0)
+    step: int  # the last completed step
+    mid_step: bool  # the weights may hold part of an update
+
+    def evaluate(self, prefix: str, step: int, readable: int = 0) -> dict[str, float]: ...
+
+    def save(self, step: int) -> None: ...
+
+
 class Hook:
     """A no-op at every point of the fit loop; subclasses override the points they act at."""
 
-    def on_start(self, trainer: Trainer) -> None:
+    def on_start(self, trainer: FitLoop) -> None:
         """Before the first step (after the warm start, ``eval_before`` and any resume)."""
 
-    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+    def on_step(self, trainer: FitLoop, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
         """After step ``step``, with its metrics and its rows as trained."""
 
-    def on_end(self, trainer: Trainer, step: int) -> None:
+    def on_end(self, trainer: FitLoop, step: int) -> None:
         """After the last step."""
 
-    def on_interrupt(self, trainer: Trainer) -> None:
+    def on_interrupt(self, trainer: FitLoop) -> None:
         """On Ctrl-C (``trainer.step`` is the last completed step)."""
 
 
@@ -69,12 +86,12 @@ class LogHook(Hook):
     readable completions every ``trainer.log_completions_every`` steps; the progress bar on a terminal, and
     where no bar is drawn (a pipe, a file, ``progress=false``) the step's line at every step."""
 
-    def on_start(self, trainer: Trainer) -> None:
+    def on_start(self, trainer: FitLoop) -> None:
         cfg = trainer.cfg
         self.bar = tqdm(total=cfg.trainer.steps, initial=trainer.start, desc=cfg.name,
                         disable=not draws_bars(cfg.progress, trainer.run.world.main), dynamic_ncols=True)
 
-    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+    def on_step(self, trainer: FitLoop, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
         cfg = trainer.cfg.trainer
         logged = step % cfg.log_every == 0 or step == cfg.steps
         if logged:
@@ -88,19 +105,19 @@ class LogHook(Hook):
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{metrics['train/reward']:.3f}", step_s=f"{metrics['time/step_s']:.1f}")
 
-    def on_end(self, trainer: Trainer, step: int) -> None:
+    def on_end(self, trainer: FitLoop, step: int) -> None:
         self.bar.close()
 
 
 class EvalHook(Hook):
     """Greedy evaluation every ``trainer.eval_every`` steps and after the last (with readable rows)."""
 
-    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+    def on_step(self, trainer: FitLoop, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
         every = trainer.cfg.trainer.eval_every
         if every and step % every == 0 and step < trainer.cfg.trainer.steps:
             trainer.evaluate("eval", step)
 
-    def on_end(self, trainer: Trainer, step: int) -> None:
+    def on_end(self, trainer: FitLoop, step: int) -> None:
         trainer.evaluate("eval", step, READABLE_ROWS if trainer.cfg.trainer.log_completions_every else 0)
 
 
@@ -111,14 +128,14 @@ class CheckpointHook(Hook):
     def __init__(self, every: int):
         self.every = every
 
-    def on_step(self, trainer: Trainer, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
+    def on_step(self, trainer: FitLoop, step: int, metrics: dict[str, float], rows: list[Sample]) -> None:
         if self.every and step % self.every == 0 and step < trainer.cfg.trainer.steps:
             trainer.save(step)
 
-    def on_end(self, trainer: Trainer, step: int) -> None:
+    def on_end(self, trainer: FitLoop, step: int) -> None:
         trainer.save(step)
 
-    def on_interrupt(self, trainer: Trainer) -> None:
+    def on_interrupt(self, trainer: FitLoop) -> None:
         if trainer.mid_step:
             log.warning("interrupted during step %d: not saved; a resume continues from the newest checkpoint",
                         trainer.step + 1)

@@ -24,23 +24,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
-from marl_cli.config.errors import ConfigError
-from marl_cli.config.validate import sub_roles
-from marl_cli.policies.regime import Placement, build_policies, checkpoint_adapters, policy_dirs, resume_sources
-from marl_cli.policies.roles import assign_roles
+from marl_cli.policies.regime import checkpoint_adapters
 from marl_cli.provenance import run_provenance
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
-from marl_cli.training.build import PolicyLoader, Run, build_run, init_seed
-from marl_cli.training.checkpoint import latest_checkpoint, load_state, prune_checkpoints, save_checkpoint
+from marl_cli.training.build import Run, build_run, decoupled_sub_roles
+from marl_cli.training.checkpoint import load_state, prune_checkpoints, save_checkpoint
 from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.hooks import CheckpointHook, EvalHook, Hook, LogHook
 from marl_cli.training.interrupts import StopRequest
 from marl_cli.training.policy_trainer import PolicyTrainer
-from marl_cli.training.rows import RolloutRows, StoreRows
+from marl_cli.training.rows import RolloutRows, row_source
 from marl_cli.training.warmstart import warm_start_all
 
 log = logging.getLogger(__name__)
@@ -57,53 +54,26 @@ def trained_roles_of(cfg: DictConfig, roles: list[str]) -> set[str]:
     return trained
 
 
-def initial_policies(checkpoint: Path, names: set[str]) -> dict[str, str]:
-    """Where each policy starts under ``trainer.init_from``: ``<checkpoint>/policies/<name>`` (full models)."""
-    missing = sorted(n for n in names if not (checkpoint / "policies" / n / "config.json").exists())
-    if missing:
-        raise ConfigError(f"trainer.init_from={checkpoint}: no saved model for policies {missing} under "
-                          f"{checkpoint / 'policies'}")
-    return policy_dirs(checkpoint, names)
-
-
-def policy_loader(cfg: DictConfig, run_dir: Path, checkpoint: Path | None) -> PolicyLoader:
-    """Where a training run's policies start: its checkpoint (resume), ``trainer.init_from``, or ``cfg.model``."""
-
-    def load(owned: dict[str, str], device: Placement) -> dict[str, Any]:
-        names = set(owned.values())
-        sources = None
-        if checkpoint is not None:
-            sources = resume_sources(cfg.policy, run_dir, checkpoint, names)
-        elif cfg.trainer.init_from:
-            sources = initial_policies(Path(cfg.trainer.init_from), names)
-        return build_policies(owned, cfg.model, init_seed(cfg), run_dir, device, sources, cfg.policy.name,
-                              master_weights=True)
-
-    return load
-
-
 class Trainer:
     """One training run: its policies' TRL trainers, where each step's rows come from, and the hooks.
 
     Args:
-        run: what the run acts with (``build_run``).
-        checkpoint: the checkpoint a resumed run continues from, or None.
-        exchange: the decoupled trainer's side of the store (``trainer.role=main|sub``), or None.
+        run: what the run acts with (``build_run``; a resumed run continues from ``run.source.resumed``).
+        source: where each step's rows come from (``training/rows.py``; default: the run's rollouts).
     """
 
-    def __init__(self, run: Run, checkpoint: Path | None = None, exchange: Exchange | None = None):
+    def __init__(self, run: Run, source: RolloutRows | None = None):
         cfg = run.cfg
-        self.run, self.cfg, self.checkpoint, self.exchange = run, cfg, checkpoint, exchange
-        self.sub_only = cfg.trainer.role == "sub"  # no rollouts, no eval, the sub policy only
-        self.source = StoreRows(run, exchange) if self.sub_only else RolloutRows(run, exchange)
+        self.run, self.cfg, self.checkpoint = run, cfg, run.source.resumed
+        self.source = source or RolloutRows(run)
         self.trained_roles = trained_roles_of(cfg, run.workflow.roles)
         self.trainers: dict[str, PolicyTrainer] = {}
         self.rng = random.Random(cfg.seed)
         self.counters = {"store/trajectories": 0.0}  # decoupled: sub-trajectories written (main) or trained (sub)
-        self.start = self.step = self.acked = 0
+        self.start = self.step = 0
         self.mid_step = False  # the weights may hold part of an update: an interrupt now saves nothing
-        self.hooks: list[Hook] = [LogHook(), EvalHook(),
-                                  CheckpointHook(cfg.trainer.save_every or (1 if self.sub_only else 0))]
+        self.hooks: list[Hook] = [LogHook(), EvalHook(), CheckpointHook(cfg.trainer.save_every or
+                                                                        self.source.save_every)]
         self.summary = self._summary()
         self.tracker = Tracker(run.run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "train",
                                writes=run.world.main)
@@ -127,7 +97,7 @@ class Trainer:
                         raise KeyboardInterrupt
             self.source.finish(self.step)
             self._call("on_end", self.step)
-            self.summary.update(self.counters if self.exchange is not None else {})
+            self.summary.update(self.source.report(self.counters))
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"
@@ -144,7 +114,7 @@ class Trainer:
     def prepare(self) -> None:
         """The warm-start phase (fresh runs), the LoRA adapters, ``eval_before``, the TRL trainers, a resume."""
         cfg, fresh = self.cfg, self.checkpoint is None
-        if fresh and cfg.trainer.warmstart.enabled and not self.sub_only and not cfg.trainer.init_from:
+        if fresh and cfg.trainer.warmstart.enabled and self.source.plays and not cfg.trainer.init_from:
             self.evaluate("eval_pre_warmstart", 0)
             run = self.run
             self.tracker.log(0, warm_start_all(run.policies, run.workflow, cfg, run.run_dir, run.world))
@@ -152,14 +122,14 @@ class Trainer:
         if self.run.adapters_pending:
             self.attach_adapters()
             self.share_weights()
-        if self.exchange is not None and fresh:
-            self.exchange.start(self.run.policies)
         if fresh:
+            self.source.start(self.run.policies)
             self.evaluate("eval_before", 0)
+        sampling = self.run.sampling  # the learner's loss temperature is the one its rollouts sample at
         for name, policy in self.run.policies.items():
             if set(policy.roles) & self.trained_roles:
-                self.trainers[name] = PolicyTrainer(policy, cfg.trainer, cfg.rollout.temperature,
-                                                    cfg.rollout.max_new_tokens, self.run.run_dir / "trl" / name,
+                self.trainers[name] = PolicyTrainer(policy, cfg.trainer, sampling.temperature,
+                                                    sampling.max_new_tokens, self.run.run_dir / "trl" / name,
                                                     cfg.seed, self.run.world)
         if not fresh:
             self.restore(self.checkpoint)
@@ -196,7 +166,7 @@ class Trainer:
             metrics[f"train/{name}/skipped_steps"] = self.counters.get(f"train/{name}/skipped_steps", 0.0)
         self.source.after_update(step)
         self.counters["store/trajectories"] += metrics.get("store/written", metrics.get("store/read", 0.0))
-        metrics.update(self.counters if self.exchange is not None else {})
+        metrics.update(self.source.report(self.counters))
         metrics["time/rollout_s"] = t_rollout
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics, rows
@@ -210,15 +180,15 @@ class Trainer:
         if not self.run.world.main:  # every rank counts, rank 0 reports
             return
         why = f"{rows} rows of its roles, none kept by algorithm.filter" if rows else "no rows of its roles"
-        if self.sub_only:
-            why += f"; the main trainer stored {metrics.get('store/read', 0.0):.0f} sub-trajectories for this step"
+        why += self.source.why_empty(metrics)
         log.warning("step %d: nothing to train policy %r on (%s): no gradient step, the weights and optimiser "
                     "state stay as they are (the lr schedule advances); %s = %d", step, name, why, key,
                     self.counters[key])
 
     def evaluate(self, prefix: str, step: int, readable: int = 0) -> dict[str, float]:
-        """Greedy success on ``env.eval_size`` held-out tasks, logged and kept in the summary (not in a sub trainer)."""
-        if self.sub_only:
+        """Greedy success on ``env.eval_size`` held-out tasks, logged and kept in the summary (not in a trainer that
+        plays no episodes: the decoupled sub trainer)."""
+        if not self.source.plays:
             return {}
         run, rows = self.run, []
         metrics = evaluate(run, prefix, rows=rows)
@@ -237,9 +207,7 @@ class Trainer:
             return
         path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters, masters)
         log.info("checkpoint: step %d saved to %s", step, path)
-        if self.sub_only:
-            self.exchange.acknowledge(range(self.acked + 1, step + 1))
-            self.acked = step
+        self.source.saved(step)
         limit = self.cfg.trainer.save_total_limit
         for old in prune_checkpoints(self.run.run_dir, path, limit):
             log.info("checkpoint: removed %s (trainer.save_total_limit=%d)", old.name, limit)
@@ -253,20 +221,18 @@ class Trainer:
         self.rng.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         self.counters.update(state.get("extra", {}))
-        self.start = self.step = self.acked = state["step"]
+        self.start = self.step = state["step"]
         dropped = self.tracker.forget_after(self.start)
         if dropped:
             log.info("resume: dropped %d records of steps after %d from metrics.jsonl/samples.jsonl", dropped,
                      self.start)
-        if self.sub_only:  # a crash between the checkpoint and its acknowledgement leaves them unacknowledged
-            self.exchange.acknowledge(range(1, self.start + 1))
+        self.source.restored(self.start)
 
     def close(self, status: str) -> None:
         self.summary["status"] = status
         self.write_summary()
         self.tracker.finish(self.summary)
-        if self.exchange is not None:
-            self.exchange.store.close()
+        self.source.close()
         log.info("run %s: %s after %d steps", self.run.run_dir, status, self.summary["steps"])
 
     def write_summary(self) -> None:
@@ -298,17 +264,14 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     ``build_run`` checks the config (``check_config``) before any file or model is made.
     """
-    checkpoint = None
     if not (cfg.model.name_or_path or cfg.trainer.warmstart.enabled or cfg.trainer.init_from or cfg.trainer.resume):
         log.warning("the model is the untrained tiny model and trainer.warmstart.enabled=false: it cannot write "
                     "the answer format, so RL has nothing to reinforce (experiment=embedded is a run that learns)")
     if cfg.trainer.resume:
         run_dir = Path(cfg.trainer.resume).resolve()
-        checkpoint = latest_checkpoint(run_dir)
-    subs = sub_roles(cfg, assign_roles(cfg.policy, list(cfg.workflow.roles)))
-    run = build_run(cfg, run_dir, policy_loader(cfg, run_dir, checkpoint),
-                    roles=subs if cfg.trainer.role == "sub" else None)
+    run = build_run(cfg, run_dir)
     exchange = None
     if cfg.trainer.role != "all":
+        subs = decoupled_sub_roles(cfg, run.role_map)
         exchange = Exchange(build_store(cfg.store), cfg, run_dir, subs, run.role_map[subs[0]])
-    return Trainer(run, checkpoint, exchange).fit()
+    return Trainer(run, row_source(run, exchange)).fit()

@@ -1,15 +1,18 @@
 """Where a training step's rows come from: rollouts of this step's tasks, or (decoupled sub trainer) the store.
 
-Both sources answer ``rows(step, rng) -> (samples, rollouts per task or None, metrics)``, hear
-``after_update(step)`` once the step's update is done and ``finish(step)`` after the last step, so
-the fit loop never branches on the trainer's role.
+Every source answers ``rows(step, rng) -> (samples, rollouts per task or None, metrics)`` and hears the fit
+loop's other points (``start`` on a fresh run, ``after_update``, ``saved``, ``restored``, ``finish``, ``close``),
+so the fit loop never branches on the trainer's role: the decoupled M-GRPO exchange (``training/decoupled.py``)
+lives in ``MainRows`` (rollouts that meet the sub trainer's weights and hand it their sub-trajectories) and
+``StoreRows`` (the sub trainer's rows, read from the store). ``row_source`` picks the source of a run.
 """
 
 from __future__ import annotations
 
 import random
 
-from marl_cli.rollout.engine import RolloutResult, rollout_metrics, row_metrics, run_episodes
+from marl_cli.policies.regime import Policy
+from marl_cli.rollout.engine import RolloutResult, rollout_metrics, row_metrics
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import Run
 from marl_cli.training.decoupled import Exchange
@@ -21,49 +24,109 @@ class RolloutRows:
     """Rollouts of the step's training tasks (``rollout.tasks_per_step`` of them, K samples each), dealt to
     the run's processes and gathered.
 
-    A decoupled main trainer (``exchange``) first loads the sub policy's newest weights and then hands
-    the rollout's sub-trajectories to the store; synchronous, it loads the sub policy trained on the
-    last step before the final evaluation.
+    Attributes:
+        plays: this trainer plays episodes (so it warm-starts and evaluates).
+        save_every: the checkpoint cadence when ``trainer.save_every`` is 0 (0: only at the end).
     """
 
-    def __init__(self, run: Run, exchange: Exchange | None = None):
+    plays = True
+    save_every = 0
+
+    def __init__(self, run: Run):
         self.run = run
-        self.exchange = exchange
 
     def rows(self, step: int, rng: random.Random) -> Rows:
         run, cfg = self.run, self.run.cfg
-        metrics: dict[str, float] = {}
-        if self.exchange is not None:
-            metrics.update(self.exchange.refresh(run.policies, step - 1))
+        metrics = self.before_rollout(step)
         per_step = cfg.rollout.tasks_per_step
         tasks = [run.workflow.env.task("train", (step - 1) * per_step + j) for j in range(per_step)]
 
         def play(mine: list) -> RolloutResult:
-            return run_episodes(run.workflow, run.policies, run.routing, mine, cfg.algorithm.num_generations,
-                                run.train_sampling, run.generator, cfg.algorithm.mode, cfg.algorithm.selection, rng)
+            return run.rollout.play(mine, cfg.algorithm.num_generations, rng)
 
         result = run.play(tasks, play)
         rng.setstate(run.world.from_main(rng.getstate()))  # the ranks shuffle and select alike from here on
         metrics.update(rollout_metrics(result, "train"))
-        if self.exchange is not None:
-            metrics.update(self.exchange.send(step, result.samples))
+        metrics.update(self.after_rollout(step, result.samples))
         return result.samples, None, metrics
+
+    def before_rollout(self, step: int) -> dict[str, float]:
+        """Metrics of what happens before step ``step``'s rollout (nothing here)."""
+        return {}
+
+    def after_rollout(self, step: int, samples: list[Sample]) -> dict[str, float]:
+        """Metrics of what happens to step ``step``'s rows once played (nothing here)."""
+        return {}
+
+    def start(self, policies: dict[str, Policy]) -> None:
+        """A fresh run's first contact with whatever the rows come from (nothing for plain rollouts)."""
 
     def after_update(self, step: int) -> None:
         """Rollouts need nothing after an update (the policies are updated in place)."""
 
+    def saved(self, step: int) -> None:
+        """A checkpoint of ``step`` is written (nothing to do)."""
+
+    def restored(self, step: int) -> None:
+        """The run resumed after ``step`` (nothing to do)."""
+
     def finish(self, step: int) -> None:
-        if self.exchange is not None and self.run.cfg.trainer.sync:
-            self.exchange.refresh(self.run.policies, step)
+        """After the last step (nothing to do)."""
+
+    def close(self) -> None:
+        """The run ends (nothing to release)."""
+
+    def report(self, counters: dict[str, float]) -> dict[str, float]:
+        """The run's counters this source adds to each step's metrics and to the summary (none)."""
+        return {}
+
+    def why_empty(self, metrics: dict[str, float]) -> str:
+        """What to add to the warning that a policy had nothing to train on (nothing)."""
+        return ""
 
 
-class StoreRows:
-    """A decoupled sub trainer's rows: the sub-trajectories the main trainer stored for the step,
-    rescored with this trainer's reward coefficients; after each update it publishes its weights."""
+class MainRows(RolloutRows):
+    """A decoupled main trainer's rollouts (``trainer.role=main``): before each it loads the sub policy's newest
+    weights, after it hands the rollout's sub-trajectories to the store; synchronous, it loads the sub policy
+    trained on the last step before the final evaluation."""
 
     def __init__(self, run: Run, exchange: Exchange):
-        self.run = run
+        super().__init__(run)
         self.exchange = exchange
+
+    def before_rollout(self, step: int) -> dict[str, float]:
+        return self.exchange.refresh(self.run.policies, step - 1)
+
+    def after_rollout(self, step: int, samples: list[Sample]) -> dict[str, float]:
+        return self.exchange.send(step, samples)
+
+    def start(self, policies: dict[str, Policy]) -> None:
+        """Claim the store namespace and publish the sub policy it starts with."""
+        self.exchange.start(policies)
+
+    def finish(self, step: int) -> None:
+        if self.run.cfg.trainer.sync:
+            self.exchange.refresh(self.run.policies, step)
+
+    def close(self) -> None:
+        self.exchange.store.close()
+
+    def report(self, counters: dict[str, float]) -> dict[str, float]:
+        return counters
+
+
+class StoreRows(MainRows):
+    """A decoupled sub trainer's rows (``trainer.role=sub``): the sub-trajectories the main trainer stored for the
+    step, rescored with this trainer's reward coefficients; after each update it publishes its weights, and a
+    step's items are acknowledged once a checkpoint holds its update (so it checkpoints every step by default).
+    It plays no episodes: no warm start, no evaluation."""
+
+    plays = False
+    save_every = 1
+
+    def __init__(self, run: Run, exchange: Exchange):
+        super().__init__(run, exchange)
+        self.acked = 0  # the last step whose items are acknowledged
 
     def rows(self, step: int, rng: random.Random) -> Rows:
         samples, rollouts, metrics = self.exchange.receive(step)
@@ -71,8 +134,31 @@ class StoreRows:
         metrics.update(row_metrics(samples, "train"))
         return samples, rollouts, metrics
 
+    def start(self, policies: dict[str, Policy]) -> None:
+        """Wait for the main trainer's starting sub weights and start from them."""
+        self.exchange.start(policies)
+
     def after_update(self, step: int) -> None:
         self.exchange.publish(step, self.run.policies)
 
+    def saved(self, step: int) -> None:
+        self.exchange.acknowledge(range(self.acked + 1, step + 1))
+        self.acked = step
+
+    def restored(self, step: int) -> None:
+        """A crash between a checkpoint and its acknowledgement leaves its steps unacknowledged: acknowledge them."""
+        self.exchange.acknowledge(range(1, step + 1))
+        self.acked = step
+
     def finish(self, step: int) -> None:
         """The sub trainer's last weights are already published."""
+
+    def why_empty(self, metrics: dict[str, float]) -> str:
+        return f"; the main trainer stored {metrics.get('store/read', 0.0):.0f} sub-trajectories for this step"
+
+
+def row_source(run: Run, exchange: Exchange | None = None) -> RolloutRows:
+    """The rows of a run: plain rollouts, or a decoupled trainer's side of the ``exchange`` (by its role)."""
+    if exchange is None:
+        return RolloutRows(run)
+    return StoreRows(run, exchange) if exchange.role == "sub" else MainRows(run, exchange)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from marl_cli.config.registry import import_modules
 from marl_cli.envs.base import Env
-from marl_cli.registry import import_modules
 from marl_cli.workflows.base import WORKFLOWS, Workflow
 
 import_modules(__name__, __path__)

@@ -17,14 +17,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.registry import Registry
 from marl_cli.envs.base import Env
-from marl_cli.registry import Registry
 from marl_cli.rollout.samples import Sample
 from marl_cli.sandbox import SandboxResult
 
-WORKFLOWS: Registry[type[Workflow]] = Registry("workflow.name", "workflow")
-"""Workflows by name; a class registers itself with ``@WORKFLOWS.register(name, schema=...)``."""
+
+def check_rewards(cfg: Any) -> None:
+    """A workflow rewarded per trajectory trains with a hierarchical algorithm (M-GRPO's alignment)."""
+    if WORKFLOWS.get(cfg.workflow.name).trajectory_rewards and not ALGORITHMS.get(cfg.algorithm.name).hierarchical:
+        raise ConfigError(f"workflow={cfg.workflow.name} rewards whole trajectories; train it with algorithm=m_grpo")
+
+
+WORKFLOWS: Registry[type[Workflow]] = Registry("workflow.name", "workflow", check=check_rewards)
+"""Workflows by name; a class registers itself with ``@WORKFLOWS.register(name, schema=..., check=...)``."""
 _FENCE = re.compile(r"```(?:python|py)?\s*\n?(.*?)```", re.DOTALL)
 
 

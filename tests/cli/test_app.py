@@ -7,7 +7,7 @@ from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
 from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_job
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.plugins import register_configs
 from marl_cli.provenance import version
 from tests.helpers import cli
 

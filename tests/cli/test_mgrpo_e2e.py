@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import StoreConfig, register_configs
+from marl_cli.config.schema import StoreConfig
 from marl_cli.config.validate import check_overrides
+from marl_cli.plugins import register_configs
 from marl_cli.store import build_store
 from marl_cli.training.loop import train
 from tests.helpers import free_port, train_config

@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_dir
 
 from marl_cli.cli.app import key_of
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import job_dir, register_configs
+from marl_cli.config.schema import job_dir
+from marl_cli.plugins import register_configs
 from tests.helpers import FAST, cli
 
 register_configs()

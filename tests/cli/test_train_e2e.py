@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.plugins import register_configs
 from marl_cli.training.loop import train
 from tests.helpers import FAST, cli, train_config
 

@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import ISCorrection, LossType, SchedulerType, register_configs
+from marl_cli.config.schema import ISCorrection, LossType, SchedulerType
 from marl_cli.config.validate import check_config, check_overrides, sweep_variants
+from marl_cli.plugins import register_configs
 from tests.helpers import cli, marl
 
 register_configs()
@@ -207,7 +208,7 @@ def test_the_device_is_checked_before_anything_is_built(monkeypatch, device, vis
 
 
 def test_config_checks_import_no_torch():
-    probe = ("import sys; from marl_cli.config.schema import register_configs; register_configs(); "
+    probe = ("import sys; from marl_cli.plugins import register_configs; register_configs(); "
              "from marl_cli.config.validate import check_overrides; check_overrides('train', ['device=cpu']); "
              "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.plugins import register_configs
 from tests.helpers import TINY
 
 register_configs()

@@ -15,7 +15,9 @@ from marl_cli.config.reference import (
     sections,
 )
 from marl_cli.config.schema import GROUP_SCHEMAS
+from marl_cli.plugins import load_builtin
 
+load_builtin()  # the options' schemas
 ROOT = Path(__file__).resolve().parents[2]
 
 

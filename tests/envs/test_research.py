@@ -12,12 +12,13 @@ from omegaconf.errors import ValidationError
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import ResearchConfig, ResearchSourceConfig, WebSearchConfig, register_configs
+from marl_cli.config.schema import ResearchConfig, ResearchSourceConfig, WebSearchConfig
 from marl_cli.envs import build_env
 from marl_cli.envs.research import Hop, ResearchEnv, ResearchState, ResearchTask
 from marl_cli.envs.research_data import load_questions
 from marl_cli.envs.research_kb import ORG_SUFFIXES, RELATIONS, KnowledgeBase, fts_query
 from marl_cli.envs.web_search import WebSearch, html_to_text
+from marl_cli.plugins import register_configs
 
 
 def make_env(seed: int = 0, **kw) -> ResearchEnv:

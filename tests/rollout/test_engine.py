@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from marl_cli.config.schema import ModelConfig, PlanPathConfig, SandboxConfig, WorkflowConfig
 from marl_cli.envs.plan_path import PlanPathEnv
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.engine import rollout_metrics, run_episodes, select
+from marl_cli.rollout.engine import Rollout, rollout_metrics, select
 from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows.single_agent import SingleAgentWorkflow
@@ -29,7 +29,7 @@ def test_one_batched_call_per_policy_turn_and_rows(tmp_path):
     env, workflow, policies = _setup(tmp_path)
     tasks = [env.task("train", i) for i in range(5)]
     gen = HFGenerator()
-    result = run_episodes(workflow, policies, {"agent": "shared"}, tasks, 4, Sampling(1.0, max_new_tokens=6), gen)
+    result = Rollout(workflow, policies, {"agent": "shared"}, gen, Sampling(1.0, max_new_tokens=6)).play(tasks, 4)
     assert result.generate_calls == 1
     assert len(result.samples) == 20
     assert {(s.task, s.branch) for s in result.samples} == {(t, b) for t in range(5) for b in range(4)}
@@ -45,16 +45,16 @@ def test_batch_size_splits_generate_calls(tmp_path):
     env, workflow, policies = _setup(tmp_path)
     tasks = [env.task("train", i) for i in range(5)]
     gen = HFGenerator()
-    result = run_episodes(workflow, policies, {"agent": "shared"}, tasks, 2,
-                          Sampling(1.0, max_new_tokens=4, batch_size=4), gen)
+    result = Rollout(workflow, policies, {"agent": "shared"}, gen, Sampling(1.0, max_new_tokens=4, batch_size=4)).play(
+        tasks, 2)
     assert result.generate_calls == 3  # ceil(10 / 4)
 
 
 def test_greedy_is_deterministic_and_scored_by_env(tmp_path):
     env, workflow, policies = _setup(tmp_path)
     tasks = [env.task("eval", i) for i in range(3)]
-    runs = [run_episodes(workflow, policies, {"agent": "shared"}, tasks, 1, Sampling(0.0, max_new_tokens=8),
-                         HFGenerator()) for _ in range(2)]
+    runs = [Rollout(workflow, policies, {"agent": "shared"}, HFGenerator(), Sampling(0.0, max_new_tokens=8)).play(
+        tasks, 1) for _ in range(2)]
     assert [s.completion_ids for s in runs[0].samples] == [s.completion_ids for s in runs[1].samples]
     tok = policies["shared"].tokenizer
     for s in runs[0].samples:
@@ -89,8 +89,8 @@ def test_tree_groups_share_one_prompt_and_candidates_are_scored_separately(tmp_p
     env, workflow = _tool_plan(tmp_path)
     tasks = [env.task("train", i) for i in range(4)]
     k = 6
-    result = run_episodes(workflow, _names("shared"), {"tool": "shared", "plan": "shared"}, tasks, k,
-                          Sampling(1.0), ScriptedGenerator(_plan_answer), mode="tree", rng=random.Random(0))
+    result = Rollout(workflow, _names("shared"), {"tool": "shared", "plan": "shared"}, ScriptedGenerator(_plan_answer),
+                     Sampling(1.0), mode="tree").play(tasks, k, random.Random(0))
     groups = defaultdict(list)
     for s in result.samples:
         groups[s.task, s.turn, s.role].append(s)
@@ -117,9 +117,9 @@ def test_greedy_selection_advances_the_best_candidate():
 def test_timeout_is_not_a_success(tmp_path):
     env, workflow = _tool_plan(tmp_path, max_turns=2)
     tasks = [env.task("train", i) for i in range(3)]
-    result = run_episodes(workflow, _names("shared"), {"tool": "shared", "plan": "shared"}, tasks, 2,
-                          Sampling(1.0), ScriptedGenerator(lambda *a: "#### print('U')" if "Python" in a[1]
-                                                           else "#### U"), mode="tree")
+    gen = ScriptedGenerator(lambda *a: "#### print('U')" if "Python" in a[1] else "#### U")
+    result = Rollout(workflow, _names("shared"), {"tool": "shared", "plan": "shared"}, gen, Sampling(1.0),
+                     mode="tree").play(tasks, 2)
     assert all(ep.turns == 2 and ep.done and not ep.success for ep in result.episodes)
     assert rollout_metrics(result, "train")["train/success"] == 0.0
 
@@ -131,8 +131,8 @@ def test_generate_calls_per_stage_equal_the_policies_acting_whatever_the_task_co
         for n_tasks in (1, 5):
             tasks = [env.task("train", i) for i in range(n_tasks)]
             gen = ScriptedGenerator(_plan_answer)
-            result = run_episodes(workflow, _names(*set(role_map.values())), role_map, tasks, 3, Sampling(1.0),
-                                  gen, mode="tree")
+            result = Rollout(workflow, _names(*set(role_map.values())), role_map, gen, Sampling(1.0),
+                             mode="tree").play(tasks, 3)
             assert result.calls_per_turn == [per_turn]
             assert [name for name, _ in gen.batches] == [role_map["tool"], role_map["plan"]]
 
@@ -156,11 +156,11 @@ def test_parallel_roles_on_one_policy_share_one_call_and_see_the_same_state():
                                               prompt="{role} {coder} {tester}"))
     workflow = ParallelWorkflow(cfg, env)
     tasks = [env.task("train", i) for i in range(4)]
-    shared = run_episodes(workflow, _names("shared"), {"coder": "shared", "tester": "shared"}, tasks, 3,
-                          Sampling(1.0), ScriptedGenerator(lambda *a: "x" * a[2].randint(1, 4)), mode="tree")
+    shared = Rollout(workflow, _names("shared"), {"coder": "shared", "tester": "shared"},
+                     ScriptedGenerator(lambda *a: "x" * a[2].randint(1, 4)), Sampling(1.0), mode="tree").play(tasks, 3)
     assert shared.calls_per_turn == [1, 1]
-    split = run_episodes(workflow, _names("a", "b"), {"coder": "a", "tester": "b"}, tasks, 3, Sampling(1.0),
-                         ScriptedGenerator(lambda *a: "y"), mode="independent")
+    split = Rollout(workflow, _names("a", "b"), {"coder": "a", "tester": "b"}, ScriptedGenerator(lambda *a: "y"),
+                    Sampling(1.0), mode="independent").play(tasks, 3)
     assert split.calls_per_turn == [2, 2]
     first = [s for s in shared.samples if s.turn == 0]
     assert {"".join(map(chr, s.prompt_ids)).split(" ", 1)[1] for s in first} == {"none none"}

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.plugins import register_configs
 from marl_cli.policies.regime import load_checkpoint
 from marl_cli.policies.roles import assign_roles
 from marl_cli.policies.tiny import save_tiny

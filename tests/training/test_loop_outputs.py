@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import register_configs
+from marl_cli.plugins import register_configs
 from marl_cli.policies.regime import build_policies
 from marl_cli.policies.roles import assign_roles
 from marl_cli.training.build import build_run, build_team, placement

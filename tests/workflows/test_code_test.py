@@ -6,10 +6,11 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import CodeConfig, CodeTestConfig, SandboxConfig, WorkflowConfig, register_configs
+from marl_cli.config.schema import CodeConfig, CodeTestConfig, SandboxConfig, WorkflowConfig
 from marl_cli.envs import build_env
 from marl_cli.envs.code import CodeEnv
 from marl_cli.envs.code_data import Problem
+from marl_cli.plugins import register_configs
 from marl_cli.rollout.engine import run_episodes
 from marl_cli.rollout.generation import Generation, Sampling
 from marl_cli.sandbox import Sandbox

@@ -13,7 +13,7 @@ from marl_cli.algorithms.mgrpo import mgrpo_advantages
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ResearchConfig, ResearchWorkflowConfig
 from marl_cli.envs.research import ResearchEnv
-from marl_cli.rollout.engine import run_episodes
+from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Sampling
 from marl_cli.rollout.samples import Sample
 from marl_cli.workflows.research import DeepResearchWorkflow, SoloResearchWorkflow, parse_action
@@ -169,7 +169,7 @@ def test_engine_batches_main_and_sub_of_different_episodes_per_policy():
     tasks = [workflow.env.task("train", i) for i in range(4)]
     policies = {"main": SimpleNamespace(name="main"), "sub": SimpleNamespace(name="sub")}
     gen = ScriptedGenerator(answer, seed=1)
-    result = run_episodes(workflow, policies, {"main": "main", "sub": "sub"}, tasks, 3, Sampling(1.0), gen)
+    result = Rollout(workflow, policies, {"main": "main", "sub": "sub"}, gen, Sampling(1.0)).play(tasks, 3)
     assert all(ep.success for ep in result.episodes)
     assert max(result.calls_per_turn) == 2 and 2 in result.calls_per_turn  # main and sub acted in one turn
     assert all(s.reward == pytest.approx(1.0) for s in result.samples)

@@ -5,10 +5,11 @@ from hydra import compose, initialize_config_dir
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
-from marl_cli.config.schema import MathConfig, PlanPathConfig, SandboxConfig, WorkflowConfig, register_configs
+from marl_cli.config.schema import MathConfig, PlanPathConfig, SandboxConfig, WorkflowConfig
 from marl_cli.envs.math_data import MathTask
 from marl_cli.envs.math_problems import MathEnv
 from marl_cli.envs.plan_path import PlanPathEnv
+from marl_cli.plugins import register_configs
 from marl_cli.rollout.generation import Sampling
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows import build_workflow

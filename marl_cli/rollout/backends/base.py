@@ -13,13 +13,28 @@ naming a backend costs nothing while a config is validated.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from marl_cli.registry import Registry
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.registry import Registry
 
-BACKENDS: Registry[Callable[[Any], Any]] = Registry("rollout.backend")
+
+def check_backend(cfg: Any) -> None:
+    """Every backend's rules: the package it imports (``requires``) is installed, and ``policy.devices`` (which
+    places full-model policies in this process) is for ``rollout=hf`` (other backends place their engines)."""
+    backend = cfg.rollout.backend
+    needs = getattr(BACKENDS.get(backend), "requires", None)
+    if needs and importlib.util.find_spec(needs.module) is None:
+        raise ConfigError(f"rollout={backend} needs {needs.module}: {needs.install}")
+    if cfg.policy.devices and backend != "hf":
+        raise ConfigError(f"policy.devices works with rollout=hf for now (rollout={backend} places its "
+                          "engines itself)")
+
+
+BACKENDS: Registry[Callable[[Any], Any]] = Registry("rollout.backend", "rollout", check=check_backend)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from marl_cli.rollout.backends.base import BACKENDS
+from marl_cli.rollout.backends.base import BACKENDS, Generator
 
 
 @BACKENDS.register("hf")
-def hf_backend(cfg: Any) -> Any:
+def hf_backend(cfg: Any) -> Generator:
     """transformers' ``generate`` in this process, on the policy's own device."""
     from marl_cli.rollout.generation import HFGenerator
 

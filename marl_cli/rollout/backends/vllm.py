@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from marl_cli.rollout.backends.base import BACKENDS, Requirement
+from marl_cli.rollout.backends.base import BACKENDS, Generator, Requirement
 from marl_cli.rollout.vllm_install import INSTALL
 
 
 @BACKENDS.register("vllm")
-def vllm_backend(cfg: Any) -> Any:
+def vllm_backend(cfg: Any) -> Generator:
     """vLLM engines in this process (``rollout.vllm.*``): one per full-model policy, or one base engine serving
     an adapter regime's policies as LoRA requests."""
     from marl_cli.policies.roles import uses_adapters
