@@ -33,7 +33,6 @@ from omegaconf import OmegaConf
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs
-from marl_cli.rollout.engine import run_episodes
 from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.store import SQLiteStore
 from marl_cli.training.build import build_run
@@ -59,20 +58,18 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
                                  "eval_tasks": cfg.env.eval_size}
     with tempfile.TemporaryDirectory() as tmp:
         run = build_run(cfg, Path(tmp))
-        workflow, role_map, generator = run.workflow, run.role_map, run.generator
-        env, sandbox = workflow.env, workflow.env.sandbox
+        env, sandbox = run.workflow.env, run.workflow.env.sandbox
         if run.adapters_pending:
             run.attach_adapters()
         policies = run.policies
         full = OmegaConf.merge(cfg.trainer, {"skip_zero_advantage": False})
-        trainers, full_trainers = ({name: PolicyTrainer(policy, trainer_cfg, cfg.rollout.temperature,
-                                                        cfg.rollout.max_new_tokens, Path(tmp) / "trl" / name, cfg.seed)
+        sampling = run.sampling  # the learner's loss temperature is the one rollouts sample at
+        trainers, full_trainers = ({name: PolicyTrainer(policy, trainer_cfg, sampling.temperature,
+                                                        sampling.max_new_tokens, Path(tmp) / "trl" / name, cfg.seed)
                                     for name, policy in policies.items()} for trainer_cfg in (cfg.trainer, full))
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
-        sampling = run.train_sampling
         def rollout() -> object:
-            return run_episodes(workflow, policies, role_map, tasks, cfg.algorithm.num_generations, sampling,
-                                generator, cfg.algorithm.mode, cfg.algorithm.selection, random.Random(0))
+            return run.rollout.play(tasks, cfg.algorithm.num_generations, random.Random(0))
 
         rollout_s, result = timed(rollout, repeats)
         rows, _ = ALGORITHMS.get(cfg.algorithm.name).advantages(result.samples, cfg.algorithm, random.Random(0), None)

@@ -13,9 +13,10 @@ from marl_cli.plugins import register_configs
 from marl_cli.policies.regime import load_checkpoint
 from marl_cli.policies.roles import assign_roles
 from marl_cli.policies.tiny import save_tiny
+from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Sampling
-from marl_cli.training.build import Run, build_team
-from marl_cli.training.evaluation import evaluate, pass_at_k, resolve_load
+from marl_cli.training.build import Run, build_team, resolve_load
+from marl_cli.training.evaluation import evaluate, pass_at_k
 from tests.helpers import TINY, ScriptedGenerator
 
 register_configs()
@@ -52,8 +53,8 @@ def test_evaluate_counts_pass_at_k_per_task(tmp_path):
 
     policies = {"shared": type("P", (), {"name": "shared"})()}
     sampling = Sampling(temperature=1.0)
-    run = Run(cfg, tmp_path, workflow, {"agent": "shared"}, policies, {"agent": "shared"}, ScriptedGenerator(answer),
-              sampling, sampling)
+    rollout = Rollout(workflow, policies, {"agent": "shared"}, ScriptedGenerator(answer), Sampling(0.0), sampling)
+    run = Run(cfg, tmp_path, {"agent": "shared"}, rollout)
     metrics = evaluate(run, samples=3, pass_k=(1, 2, 3))
     assert run.generator.started == [["shared"]]  # the backend started the acting policies before playing
     assert metrics["eval/success"] == pytest.approx(6 / 18)

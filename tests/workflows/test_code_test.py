@@ -11,7 +11,7 @@ from marl_cli.envs import build_env
 from marl_cli.envs.code import CodeEnv
 from marl_cli.envs.code_data import Problem
 from marl_cli.plugins import register_configs
-from marl_cli.rollout.engine import run_episodes
+from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Generation, Sampling
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows import build_workflow
@@ -170,8 +170,8 @@ class ScriptedGenerator:
 def test_parallel_stage_prompts_from_the_start_and_scores_the_tester_on_the_new_program(wf):
     assert wf.stages(0) == [["coder", "tester"]]
     gen = ScriptedGenerator({"coder": [MINUS, RIGHT], "tester": ["#### 1 2 => 3\n0 0 => 0", "#### 2 5 => 7"]})
-    result = run_episodes(wf, {"shared": None}, {"coder": "shared", "tester": "shared"}, [SUM], 1,
-                          Sampling(1.0), gen, rng=random.Random(0))
+    result = Rollout(wf, {"shared": None}, {"coder": "shared", "tester": "shared"}, gen, Sampling(1.0)).play(
+        [SUM], 1, random.Random(0))
     assert gen.calls == 2  # one call per turn: both roles of the stage in one batch
     first = gen.prompts[0]
     assert any("Program: none" in p for p in first) and any("Tests: none" in p for p in first)

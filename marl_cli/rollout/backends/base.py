@@ -1,14 +1,9 @@
-"""The rollout-backend registry (``rollout.backend``).
+"""The rollout-backend registry (``rollout.backend``) and the contract every backend's generator keeps.
 
-A backend is a factory ``(run config) -> generator`` whose generator has
-``generate(policy, prompts, sampling) -> list[Generation]`` (completions with the sampler's
-log-prob of every sampled token, from the policy's current weights: a backend with its own copy of
-the weights syncs them itself), ``start(policies)`` (the policies about to act: every process of a
-multi-process run calls it at once, before it plays its share of a rollout, so engines that join the
-processes' group start together), ``release()`` (the policies are about to train: free what generation
-holds) and a ``calls`` counter. A factory may say ``requires = Requirement(...)`` (a package it
-imports; checked before the run starts). Factories import their engine only when called, so
-naming a backend costs nothing while a config is validated.
+A backend is a factory ``(run config) -> Generator`` (the protocol below; the rollout engine depends on it,
+never on a concrete backend). A factory may say ``requires = Requirement(...)`` (a package it imports;
+checked before the run starts). Factories import their engine only when called, so naming a backend costs
+nothing while a config is validated.
 """
 
 from __future__ import annotations
@@ -16,10 +11,37 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
+
+if TYPE_CHECKING:
+    from marl_cli.policies.regime import Policy
+    from marl_cli.rollout.generation import Generation, Sampling
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """What a rollout backend's generator does (``hf``: ``rollout/generation.py::HFGenerator``; ``vllm``:
+    ``rollout/vllm_generator.py::VLLMGenerator``)."""
+
+    calls: int
+    """Generate calls made so far (one per batch sent to the model)."""
+
+    def generate(self, policy: Policy, prompts: list[str], sampling: Sampling) -> list[Generation]:
+        """Completions of ``prompts`` with the sampler's log-prob of every sampled token, from the policy's current
+        weights (a backend with its own copy of the weights syncs them itself)."""
+        ...
+
+    def start(self, policies: list[Policy]) -> None:
+        """The policies about to act: every process of a multi-process run calls it at once, before it plays its
+        share of a rollout, so engines that join the processes' group start together."""
+        ...
+
+    def release(self) -> None:
+        """The policies are about to train: free what generation holds."""
+        ...
 
 
 def check_backend(cfg: Any) -> None:
@@ -34,7 +56,7 @@ def check_backend(cfg: Any) -> None:
                           "engines itself)")
 
 
-BACKENDS: Registry[Callable[[Any], Any]] = Registry("rollout.backend", "rollout", check=check_backend)
+BACKENDS: Registry[Callable[[Any], Generator]] = Registry("rollout.backend", "rollout", check=check_backend)
 
 
 @dataclass(frozen=True)
@@ -43,3 +65,4 @@ class Requirement:
 
     module: str
     install: str
+
