@@ -52,13 +52,14 @@ def test_a_registry_files_by_name_and_names_the_choices():
 
 
 def test_the_built_in_plug_ins_are_registered():
-    assert ENVS.names() == ["code", "math", "plan_path", "research", "sokoban", "sudoku"]
-    assert set(WORKFLOWS.names()) >= {"single_agent", "tool_plan", "tool_reason", "code_test", "deep_research"}
-    assert ALGORITHMS.names() == ["at_grpo", "grpo", "m_grpo"]
+    # membership, not equality: a new built-in plug-in breaks no test
+    assert {"code", "math", "plan_path", "research", "sokoban", "sudoku"} <= set(ENVS.names())
+    assert {"single_agent", "tool_plan", "tool_reason", "code_test", "deep_research"} <= set(WORKFLOWS.names())
+    assert {"at_grpo", "grpo", "m_grpo"} <= set(ALGORITHMS.names())
     assert ALGORITHMS.get("at_grpo").modes == ("independent", "tree") and ALGORITHMS.get("m_grpo").hierarchical
-    assert BACKENDS.names() == ["hf", "vllm"]
-    assert REGIMES.names() == ["lora_per_role", "per_role", "shared"]
-    assert [REGIMES.get(n).adapters for n in REGIMES.names()] == [True, False, False]
+    assert {"hf", "vllm"} <= set(BACKENDS.names())
+    assert {"lora_per_role", "per_role", "shared"} <= set(REGIMES.names())
+    assert [REGIMES.get(n).adapters for n in ("lora_per_role", "per_role", "shared")] == [True, False, False]
     assert assign_roles(OmegaConf.create({"name": "per_role", "assignment": {"b": "a"}}), ["a", "b"]) == {"a": "a",
                                                                                                        "b": "a"}
 
