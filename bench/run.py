@@ -49,6 +49,17 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
+def learners(run: Any, workdir: Path) -> tuple[dict[str, PolicyTrainer], dict[str, PolicyTrainer]]:
+    """Each policy's learner as training builds it, and one that back-propagates every row
+    (``trainer.skip_zero_advantage=false``); the loss temperature is the one rollouts sample at (``run.sampling``)."""
+    cfg, sampling = run.cfg, run.sampling
+    full = OmegaConf.merge(cfg.trainer, {"skip_zero_advantage": False})
+    built = tuple({name: PolicyTrainer(policy, trainer_cfg, sampling.temperature, sampling.max_new_tokens,
+                                       workdir / "trl" / name, cfg.seed) for name, policy in run.policies.items()}
+                  for trainer_cfg in (cfg.trainer, full))
+    return built[0], built[1]
+
+
 def measure(experiment: str, repeats: int) -> dict[str, object]:
     """The timings of one step's rollout, update and evaluation under ``experiment``'s settings."""
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
@@ -61,12 +72,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
         env, sandbox = run.workflow.env, run.workflow.env.sandbox
         if run.adapters_pending:
             run.attach_adapters()
-        policies = run.policies
-        full = OmegaConf.merge(cfg.trainer, {"skip_zero_advantage": False})
-        sampling = run.sampling  # the learner's loss temperature is the one rollouts sample at
-        trainers, full_trainers = ({name: PolicyTrainer(policy, trainer_cfg, sampling.temperature,
-                                                        sampling.max_new_tokens, Path(tmp) / "trl" / name, cfg.seed)
-                                    for name, policy in policies.items()} for trainer_cfg in (cfg.trainer, full))
+        trainers, full_trainers = learners(run, Path(tmp))
         tasks = [env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
         def rollout() -> object:
             return run.rollout.play(tasks, cfg.algorithm.num_generations, random.Random(0))
@@ -101,8 +107,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
     })
     if sandbox is not None:
         jobs = [("print('D D R R')", "")] * 64
-        sandbox_s, _ = timed(lambda: sandbox.run_many(jobs), repeats)
-        report["sandbox_runs_per_s"] = len(jobs) / sandbox_s
+        report["sandbox_runs_per_s"] = len(jobs) / timed(lambda: sandbox.run_many(jobs), repeats)[0]
     return report
 
 
