@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input reference docs clean
+.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input reference docs wheel wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,5 +63,14 @@ reference: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+# The wheel a user installs (the configs packed in as marl_cli/conf), into dist/. `make wheel-check` builds one in a
+# temp dir, installs it after torch into a fresh venv and trains 2 steps from outside the checkout (.ci/wheel-check).
+wheel: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+
+wheel-check: $(STAMP)
+	PYTHON=$(PYTHON) TORCH_VERSION=$(TORCH_VERSION) BUILD_PYTHON=$(BIN)/python bash .ci/wheel-check
+
 clean:
-	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache site
+	rm -rf outputs/*/ multirun/*/ .pytest_cache .ruff_cache site dist
