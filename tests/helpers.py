@@ -24,6 +24,9 @@ TINY = [
     "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64", "model.tiny.num_hidden_layers=1",
     "model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=1", "model.tiny.head_dim=16",
 ]
+SMALL = ["model.tiny.hidden_size=64", "model.tiny.intermediate_size=128", "model.tiny.num_hidden_layers=2",
+         "model.tiny.head_dim=32"]
+"""A tiny model smaller still: a quarter of the warm start's cost where a test needs a model that has learnt."""
 FAST = [
     "~experiment",  # the bare group defaults: `marl train` would start from experiment=embedded
     *TINY, "env.size=4", "env.eval_size=6", "rollout.tasks_per_step=2", "rollout.max_new_tokens=12",

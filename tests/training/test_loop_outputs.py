@@ -20,11 +20,9 @@ from marl_cli.training.distributed import World
 from marl_cli.training.hooks import step_line
 from marl_cli.training.loop import train
 from marl_cli.training.warmstart import cached_warm_start, warm_start_all
-from tests.helpers import FAST
+from tests.helpers import FAST, SMALL
 
 register_configs()
-SMALL = ["model.tiny.hidden_size=64", "model.tiny.intermediate_size=128", "model.tiny.num_hidden_layers=2",
-         "model.tiny.head_dim=32"]
 TEAM = [*FAST, *SMALL, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role", "workflow.max_turns=1",
         "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=400", "trainer.warmstart.batch_size=16",
         "trainer.warmstart.epochs=3", "trainer.warmstart.learning_rate=3e-3", "rollout.temperature=1.0",
