@@ -25,10 +25,13 @@ from marl_cli.plugins import register_configs
 from marl_cli.tracking.tracker import write_json
 
 INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
-"""Flags that only print something; no run starts, so overrides are left to Hydra."""
+"""Flags that only print something; no run starts, so overrides are only composed (a bad one is one line)."""
 VALUE_FLAGS = {"-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
                "--experimental-rerun"}
 """Flags of a run whose next argument is their value, not an override."""
+PRINT_FLAGS = {"-c", "--cfg", "-i", "--info"}
+PRINT_CHOICES = {"job", "hydra", "all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+"""``--cfg job``, ``--info defaults``: flags whose next argument, one of these words, is their value."""
 MULTIRUN_FLAGS = {"-m", "--multirun"}
 HELP_FLAGS = {"-h", "--help"}
 """marl's own help (groups with what they are for); ``--hydra-help`` is Hydra's."""
@@ -39,10 +42,10 @@ FAILED_JOBS: list[tuple[str, str]] = []
 def overrides_in(args: list[str]) -> list[str]:
     """The ``key=value`` overrides among Hydra's command-line arguments."""
     out, skip = [], False
-    for arg in args:
+    for i, arg in enumerate(args):
         if skip:
             skip = False
-        elif arg in VALUE_FLAGS:
+        elif arg in VALUE_FLAGS or (arg in PRINT_FLAGS and args[i + 1:i + 2] and args[i + 1] in PRINT_CHOICES):
             skip = True
         elif not arg.startswith("-"):
             out.append(arg)
@@ -111,11 +114,15 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
 
         print(help_text(command, args))
         sys.exit(0)
+    modes = [f for f in ("-m", "--multirun", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion") if f in args]
+    if len(modes) > 1:
+        fail(command, f"{' and '.join(modes)}: give one of them (Hydra runs, prints or completes, one at a time)")
     try:
         register_configs()
-        if not INFO_FLAGS.intersection(args):
+        if not {"-sc", "--shell-completion"}.intersection(args):
             args = [*inherited_overrides(args), *args]
-            check_overrides(config_name, overrides_in(args), config_dirs_in(args))
+            check_overrides(config_name, overrides_in(args), config_dirs_in(args),
+                            full=not INFO_FLAGS.intersection(args))
     except ConfigError as exc:
         fail(command, f"{exc}{hint() if hint else ''}")
     if command == "train" and launched_world_size() > 1:
@@ -124,7 +131,8 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
         from marl_cli.training.distributed import launch_overrides
 
         args = [*args, *launch_overrides(args)]
-    sys.argv = [f"marl-{command}", *args]
+    overrides = overrides_in(args)  # first: Hydra's parser drops overrides that follow a flag's value
+    sys.argv = [f"marl-{command}", *overrides, *(a for a in args if a not in overrides)]
     FAILED_JOBS.clear()
     hydra_main()
     if FAILED_JOBS:

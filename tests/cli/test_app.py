@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -5,7 +7,7 @@ from omegaconf import open_dict
 
 from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
-from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_job
+from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_app, run_job
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs
 from marl_cli.provenance import version
@@ -17,6 +19,28 @@ register_configs()
 def test_overrides_skip_flags_and_their_values():
     args = ["-m", "a=1", "--config-name", "train", "+b=2,3", "-cd", "/x", "~c"]
     assert overrides_in(args) == ["a=1", "+b=2,3", "~c"]
+
+
+def _started(args: list[str], capsys) -> tuple[list[str] | None, str]:
+    """``marl train <args>`` up to Hydra: the argv Hydra would get (None: refused) and what was printed."""
+    seen = []
+    try:
+        run_app("train", "train", lambda: seen.append(list(sys.argv)), args)
+    except SystemExit as stop:
+        assert stop.code == 2
+    return (seen[0] if seen else None), capsys.readouterr().err
+
+
+def test_printing_a_config_composes_it_first_and_takes_overrides_after_flags(capsys):
+    argv, err = _started(["env=nope", "--cfg", "job"], capsys)
+    assert argv is None and err.startswith("marl train: error: env=nope: no such option") and err.count("\n") == 1
+    argv, _ = _started(["--cfg", "job", "env.size=3"], capsys)  # Hydra's parser would drop an override here
+    assert argv == ["marl-train", "env.size=3", "--cfg", "job"]
+    argv, _ = _started(["trainer.steps=-1", "--cfg", "job"], capsys)  # shown, though a run would refuse it
+    assert argv == ["marl-train", "trainer.steps=-1", "--cfg", "job"]
+    assert overrides_in(["--info", "defaults", "seed=1", "-c", "job"]) == ["seed=1"]
+    argv, err = _started(["-m", "--cfg", "job", "seed=1,2"], capsys)
+    assert argv is None and "-m and --cfg: give one of them" in err
 
 
 def test_a_refused_start_removes_only_a_run_dir_with_nothing_in_it(tmp_path):
