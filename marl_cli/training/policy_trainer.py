@@ -21,6 +21,7 @@ fractions and advantage statistics.
 from __future__ import annotations
 
 import random
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -265,9 +266,13 @@ class PolicyTrainer:
         rows = [s for s in samples if s.keep]
         lr = self.scheduler.get_last_lr()[0]
         stats: dict[str, list[float]] = defaultdict(list)
-        if len(rows) >= self.world.size:
+        trains = len(rows) >= self.world.size
+        if trains:
             self._train(rows, rng, stats)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # the schedule advances per RL step, also one with nothing to train
+            if not trains:
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before", UserWarning)
+            self.scheduler.step()
         out = self._summary(self._gathered(stats))
         out["learning_rate"] = lr
         out["rows"] = float(len(rows))

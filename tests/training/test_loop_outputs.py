@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -200,8 +201,10 @@ def test_a_step_with_nothing_to_train_warns_is_counted_and_moves_no_weight(tmp_p
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[*FAST, "trainer.steps=2", "algorithm.filter=zero_std"])
     run = tmp_path / "run"
-    with caplog.at_level("WARNING", logger="marl_cli"):
+    with caplog.at_level("WARNING", logger="marl_cli"), warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
         assert train(cfg, run)["status"] == "completed"
+    assert not [w for w in raised if "lr_scheduler" in str(w.message)]  # the schedule's advance says nothing
     warned = [r.getMessage() for r in caplog.records if "nothing to train" in r.getMessage()]
     assert len(warned) == 2 and warned[0].startswith("step 1: nothing to train policy 'shared' on (")
     assert "none kept by algorithm.filter" in warned[0] and "train/shared/skipped_steps = 1" in warned[0]
