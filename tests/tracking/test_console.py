@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 from marl_cli.tracking.console import draws_bars
-from tests.helpers import FAST, marl
+from tests.helpers import FAST, cli
 
 
 class Terminal(io.StringIO):
@@ -21,9 +24,9 @@ def test_bars_need_progress_rank_zero_and_a_terminal():
     assert not draws_bars(True, True, object())  # a stream that cannot tell
 
 
-def test_a_piped_logger_none_run_prints_plain_step_lines_and_no_wandb_line(tmp_path):
+def test_a_piped_logger_none_run_prints_plain_step_lines(tmp_path):
     run = tmp_path / "run"
-    out = marl("train", *FAST, "trainer.steps=2", "progress=true", f"hydra.run.dir={run}")  # WANDB_MODE=offline
+    out = cli("train", *FAST, "trainer.steps=2", "progress=true", f"hydra.run.dir={run}")  # WANDB_MODE=offline
     assert out.returncode == 0, out.stderr[-2000:]
     printed = out.stdout + out.stderr
     assert "wandb" not in printed.lower(), [line for line in printed.splitlines() if "wandb" in line.lower()]
@@ -31,3 +34,13 @@ def test_a_piped_logger_none_run_prints_plain_step_lines_and_no_wandb_line(tmp_p
     assert [line.split("] - ")[1].split(" |")[0] for line in out.stdout.splitlines()
             if "] - step " in line] == ["step 1/2", "step 2/2"]
     assert not (run / "wandb").exists()
+
+
+def test_importing_trl_says_nothing_of_wandb():
+    """transformers' W&B integration prints "Running in WANDB offline mode" once, as it is imported (by TRL's):
+    a new process, since this one has imported it already."""
+    code = "import marl_cli.training.trl_adapter"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "false"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "wandb" not in (out.stdout + out.stderr).lower(), out.stdout + out.stderr
