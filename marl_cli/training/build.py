@@ -27,7 +27,7 @@ from marl_cli.policies.regime import (
     resume_sources,
     routing,
 )
-from marl_cli.policies.roles import LORA_BASE, assign_roles
+from marl_cli.policies.roles import LORA_BASE, assign_roles, sub_roles
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.engine import Rollout, RolloutResult
@@ -219,14 +219,6 @@ class Run:
         self.rollout.routing = routing(self.role_map, policies)
 
 
-def decoupled_sub_roles(cfg: DictConfig, role_map: dict[str, str]) -> list[str]:
-    """The sub roles decoupled M-GRPO trainers exchange (``algorithm.aligned_roles`` the workflow has; none for
-    ``trainer.role=all``); ``check_config`` has checked the setup."""
-    if OmegaConf.select(cfg, "trainer.role", default="all") == "all":
-        return []
-    return [r for r in cfg.algorithm.aligned_roles if r in role_map]
-
-
 def eval_temperature(cfg: DictConfig) -> float:
     """The temperature evaluations sample at (0: greedy)."""
     return cfg.eval.temperature if "eval" in cfg else cfg.rollout.eval_temperature
@@ -249,7 +241,7 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     role_map = assign_roles(cfg.policy, workflow.roles)
     device = placement(cfg, role_map)
     source = PolicySource.of(cfg)
-    mine = decoupled_sub_roles(cfg, role_map) if OmegaConf.select(cfg, "trainer.role") == "sub" else role_map
+    mine = sub_roles(cfg, role_map) if OmegaConf.select(cfg, "trainer.role") == "sub" else role_map
     owned = {r: p for r, p in role_map.items() if r in mine}
     policies = source.load(cfg, run_dir, owned, device)
     rollout = Rollout(workflow, policies, routing(role_map, policies), BACKENDS.get(cfg.rollout.backend)(cfg),

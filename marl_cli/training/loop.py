@@ -25,12 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.policies.regime import checkpoint_adapters
+from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
 from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
-from marl_cli.training.build import Run, build_run, decoupled_sub_roles
+from marl_cli.training.build import Run, build_run
 from marl_cli.training.checkpoint import load_state, prune_checkpoints, save_checkpoint
 from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
@@ -272,6 +273,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run = build_run(cfg, run_dir)
     exchange = None
     if cfg.trainer.role != "all":
-        subs = decoupled_sub_roles(cfg, run.role_map)
+        subs = sub_roles(cfg, run.role_map)
         exchange = Exchange(build_store(cfg.store), cfg, run_dir, subs, run.role_map[subs[0]])
     return Trainer(run, row_source(run, exchange)).fit()
