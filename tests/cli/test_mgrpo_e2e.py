@@ -25,7 +25,8 @@ from marl_cli.config.validate import check_overrides
 from marl_cli.plugins import register_configs
 from marl_cli.store import build_store
 from marl_cli.training.loop import train
-from tests.helpers import free_port, train_config
+from tests.helpers import train_config
+from tests.store.test_store import redis_server
 
 register_configs()
 
@@ -135,11 +136,7 @@ def test_decoupled_trainers_over_sqlite_survive_a_killed_sub(warm_model, tmp_pat
 @pytest.mark.skipif(shutil.which("redis-server") is None,
                     reason="redis-server not installed: apt-get install redis-server")
 def test_decoupled_trainers_over_redis_asynchronous(warm_model, tmp_path):
-    port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
-                               "--dir", str(tmp_path), "--requirepass", "pw"], stdout=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
+    with redis_server(tmp_path / "redis", "--requirepass", "pw") as port:  # returns once the server answers
         store = ["store=redis", "store.host=127.0.0.1", f"store.port={port}", "store.password=pw",
                  "store.namespace=r", "store.poll_s=0.1"]
         common = [*_from(warm_model), *store, "trainer.steps=2", "trainer.sync=false"]
@@ -147,14 +144,11 @@ def test_decoupled_trainers_over_redis_asynchronous(warm_model, tmp_path):
         sub = _spawn("train", *common, "trainer.role=sub", f"hydra.run.dir={tmp_path / 'sub'}")
         _finish(main)
         _finish(sub)
-        main_summary = json.loads((tmp_path / "main" / "summary.json").read_text())
-        sub_summary = json.loads((tmp_path / "sub" / "summary.json").read_text())
-        assert main_summary["store/trajectories"] == sub_summary["store/trajectories"]
-        sub_steps = [m for m in _metrics(tmp_path / "sub") if "train/reward" in m]
-        assert [m["step"] for m in sub_steps] == [1, 2] and all(m["store/lag_steps"] >= 0 for m in sub_steps)
-    finally:
-        server.terminate()
-        server.wait()
+    main_summary = json.loads((tmp_path / "main" / "summary.json").read_text())
+    sub_summary = json.loads((tmp_path / "sub" / "summary.json").read_text())
+    assert main_summary["store/trajectories"] == sub_summary["store/trajectories"]
+    sub_steps = [m for m in _metrics(tmp_path / "sub") if "train/reward" in m]
+    assert [m["step"] for m in sub_steps] == [1, 2] and all(m["store/lag_steps"] >= 0 for m in sub_steps)
 
 
 def test_config_errors(tmp_path):
