@@ -14,7 +14,8 @@ from marl_cli import determinism
 from marl_cli.training.loop import train
 from tests.helpers import FAST, SMALL, marl, train_config
 
-RUN = [*FAST, *SMALL, "trainer.steps=4", "trainer.mini_batch_size=2", "trainer.eval_every=2", "trainer.deterministic=true",
+RUN = [*FAST, *SMALL, "trainer.steps=4", "trainer.mini_batch_size=2", "trainer.eval_every=2",
+       "trainer.deterministic=true",
        "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=400", "trainer.warmstart.batch_size=16",
        "trainer.warmstart.epochs=3", "trainer.warmstart.learning_rate=3e-3", "rollout.temperature=1.0"]
 """A few steps that train (the warm start gives answers that parse, so rewards differ within groups)."""
