@@ -44,7 +44,8 @@ SECTIONS: dict[str, str] = {
     "sandbox": "Isolation and limits for model-written code (`sandbox.*`, not a group: set keys directly).",
     "report": "Where `marl report` files a run (`report.*`, not a group; experiment files set it).",
     "run": "Top-level keys of `marl train` and `marl eval` (`name`, `seed`, ...).",
-    "eval": "What `marl eval` adds to a training config (`load`, `eval.*`).",
+    "eval": ("How held-out tasks are played (`eval.*`: by a training run's evaluations and by `marl eval`), and "
+             "what `marl eval` loads (`load`)."),
     "marl-report": "The keys of `marl report` (`conf/report.yaml`), set as `key=value` after `marl report`.",
 }
 """The sections beside the groups, with what each is."""
@@ -143,7 +144,7 @@ EXTRA_SECTIONS: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "sandbox": (SandboxConfig, "sandbox.", ()),
     "report": (ReportConfig, "report.", ()),
     "run": (TrainSchema, "", TOP_LEVEL),
-    "eval": (EvalSchema, "", ("load", "eval")),
+    "eval": (EvalSchema, "", ("eval", "load")),
     "marl-report": (ReportSchema, "", ()),
 }
 """Section → (schema, key prefix, the fields it covers; empty: all)."""

@@ -317,7 +317,6 @@ class RolloutConfig:
     top_k: int = bounded(0, ge=0)  # 0: off
     max_new_tokens: int = bounded(64, ge=1)  # completion tokens per agent turn
     max_prompt_length: int = bounded(1024, ge=1)  # longer prompts keep their end (left truncation)
-    eval_temperature: float = bounded(0.0, ge=0.0)  # 0 means greedy
     batch_size: int = bounded(256, ge=1)  # largest batch handed to one generate call
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
@@ -446,6 +445,16 @@ class ReportConfig:
 
 
 @dataclass
+class EvalConfig:
+    """How the held-out tasks (the env's eval split, ``env.eval_size`` of them) are played: by the evaluations of
+    a training run (before and after it, and every ``trainer.eval_every`` steps) and by ``marl eval``."""
+
+    samples: int = bounded(1, ge=1)  # episodes per task (n); pass@k needs n >= k
+    temperature: float = bounded(0.0, ge=0.0)  # 0: greedy (then samples must be 1)
+    pass_k: list[int] = field(default_factory=lambda: [1])  # k values reported as eval/pass@k (unbiased estimator)
+
+
+@dataclass
 class TrainSchema:
     """The root of ``conf/train.yaml``."""
 
@@ -460,6 +469,7 @@ class TrainSchema:
     store: Any = MISSING
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     name: str = "default"  # the run's name: outputs/<name>/<date>_<time>/ (experiments set it)
     seed: int = 0  # seeds tasks, model init, sampling and mini-batch order
     device: str = "auto"  # auto (a GPU if there is one) | cpu | mps | cuda | cuda:<index>
@@ -468,20 +478,10 @@ class TrainSchema:
 
 
 @dataclass
-class EvalConfig:
-    """``marl eval``: how the held-out tasks (the env's eval split, ``env.eval_size`` of them) are played."""
-
-    samples: int = bounded(1, ge=1)  # episodes per task (n); pass@k needs n >= k
-    temperature: float = bounded(0.0, ge=0.0)  # 0: greedy (then samples must be 1)
-    pass_k: list[int] = field(default_factory=lambda: [1])  # k values reported as eval/pass@k (unbiased estimator)
-
-
-@dataclass
 class EvalSchema(TrainSchema):
     """The root of ``conf/eval.yaml``: a training config (so every experiment composes) plus what to load."""
 
     load: str | None = None  # a run dir (its latest checkpoint) or a checkpoint dir; None: the model as configured
-    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 @dataclass

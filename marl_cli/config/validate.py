@@ -61,6 +61,10 @@ def _keys_of(object_type: object) -> list[str]:
     return []
 
 
+MOVED = {"rollout.eval_temperature": "eval.temperature"}
+"""Keys that moved: the error for the old one names the new one."""
+
+
 def describe(exc: BaseException) -> str:
     """One line saying what is wrong with the config and what would be valid."""
     chain: list[BaseException] = []
@@ -76,6 +80,8 @@ def describe(exc: BaseException) -> str:
             if isinstance(err, ConfigKeyError | ConfigAttributeError):
                 valid = _keys_of(getattr(err, "object_type", None))
                 hint = f"; valid keys: {', '.join(valid)}" if valid else ""
+                if err.full_key in MOVED:
+                    hint = f"; it is {MOVED[err.full_key]} now"
                 return f"{err.full_key}: no such key{hint}"
             return f"{err.full_key}: {err.msg.splitlines()[0].split('raised while resolving interpolation: ')[-1]}"
     return " ".join(str(exc).replace("\t", " ").split())
@@ -227,8 +233,7 @@ def check_run(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={where}: no such directory")
     if OmegaConf.select(cfg, "trainer.resume"):
         check_resume(cfg, Path(cfg.trainer.resume).resolve())
-    if "eval" in cfg:
-        _check_eval(cfg)
+    _check_eval(cfg)
     _check_processes(cfg, launched_world_size())
 
 
@@ -242,7 +247,7 @@ def _check_processes(cfg: DictConfig, processes: int) -> None:
     if processes == 1:
         return
     where = f"launched as {processes} processes"
-    if "eval" in cfg:
+    if "load" in cfg:
         raise ConfigError(f"marl eval runs in one process ({where}); start it with plain `marl eval`")
     if cfg.trainer.role != "all":
         raise ConfigError(f"trainer.role={cfg.trainer.role}: decoupled trainers run one process each ({where})")
@@ -269,8 +274,9 @@ def _check_eval(cfg: DictConfig) -> None:
     bad = [k for k in cfg.eval.pass_k if not 1 <= k <= samples]
     if bad:
         raise ConfigError(f"eval.pass_k={list(cfg.eval.pass_k)}: every k must be between 1 and eval.samples={samples}")
-    if cfg.load and not Path(cfg.load).exists():
-        raise ConfigError(f"load={cfg.load}: no such run or checkpoint directory")
+    load = OmegaConf.select(cfg, "load")
+    if load and not Path(load).exists():
+        raise ConfigError(f"load={load}: no such run or checkpoint directory")
 
 
 def check_config(cfg: DictConfig) -> None:

@@ -83,7 +83,7 @@ def check_adapters(cfg: Any) -> None:
                           "policy=per_role)")
     if cfg.trainer.init_from:
         raise ConfigError(f"trainer.init_from starts full-model policies; policy={name} keeps only adapters")
-    if "eval" in cfg and not cfg.load:
+    if "load" in cfg and not cfg.load:
         raise ConfigError(f"policy={name} without load= has no adapters to evaluate; "
                           "evaluate the base model with policy=shared")
 

@@ -219,11 +219,6 @@ class Run:
         self.rollout.routing = routing(self.role_map, policies)
 
 
-def eval_temperature(cfg: DictConfig) -> float:
-    """The temperature evaluations sample at (0: greedy)."""
-    return cfg.eval.temperature if "eval" in cfg else cfg.rollout.eval_temperature
-
-
 def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     """Check ``cfg`` and build what the run acts with (seeding Python and torch from ``cfg.seed``).
 
@@ -246,6 +241,6 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     policies = source.load(cfg, run_dir, owned, device)
     rollout = Rollout(workflow, policies, routing(role_map, policies), BACKENDS.get(cfg.rollout.backend)(cfg),
                       sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
-                      sampling_from(cfg.rollout, cfg.model, eval_temperature(cfg)),
+                      sampling_from(cfg.rollout, cfg.model, cfg.eval.temperature),
                       cfg.algorithm.mode, cfg.algorithm.selection)
     return Run(cfg, run_dir, role_map, rollout, source, World.current())

@@ -187,12 +187,14 @@ class Trainer:
                     self.counters[key])
 
     def evaluate(self, prefix: str, step: int, readable: int = 0) -> dict[str, float]:
-        """Greedy success on ``env.eval_size`` held-out tasks, logged and kept in the summary (not in a trainer that
-        plays no episodes: the decoupled sub trainer)."""
+        """Success on ``env.eval_size`` held-out tasks as ``eval.*`` says (greedy by default; pass@k when it samples
+        several episodes a task), logged and kept in the summary (not in a trainer that plays no episodes: the
+        decoupled sub trainer)."""
         if not self.source.plays:
             return {}
-        run, rows = self.run, []
-        metrics = evaluate(run, prefix, rows=rows)
+        run, rows, settings = self.run, [], self.cfg.eval
+        pass_k = tuple(settings.pass_k) if settings.samples > 1 else ()  # one episode a task: pass@1 is success
+        metrics = evaluate(run, prefix, settings.samples, pass_k, rows=rows)
         self.tracker.log(step, metrics)
         self.tracker.log_samples(step, completion_records(rows, run.tokenizers(), step, prefix, readable),
                                  f"{prefix}/samples")

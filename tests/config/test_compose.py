@@ -77,6 +77,8 @@ def test_config_dir_is_the_checkout_conf():
     ("trainer.role=both", "trainer.role: Invalid value 'both', expected one of [all, main, sub]"),
     ("+trainer.foo=1", "trainer.foo: no such key; valid keys: steps, learning_rate"),
     ("+foo=1", "foo: no such key; valid keys: env, workflow"),
+    ("rollout.eval_temperature=0.5", "rollout.eval_temperature: no such key; it is eval.temperature now"),
+    ("eval.samples=4", "eval.samples=4 with eval.temperature=0 repeats one greedy episode"),  # training evals too
     ("trainer.learning_rate=0", "trainer.learning_rate=0.0: must be > 0.0"),
     ("trainer.save_every=-1", "trainer.save_every=-1: must be >= 0"),
     ("trainer.log_every=0", "trainer.log_every=0: must be >= 1"),

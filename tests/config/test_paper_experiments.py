@@ -187,7 +187,7 @@ def test_at_grpo_cell_has_the_paper_era_hyperparameters(model, benchmark, method
     assert cfg.rollout.backend == "hf"
     assert cfg.rollout.temperature == (1.5 if family == "games" else 1.0)
     assert cfg.rollout.top_p == pytest.approx(0.9) and cfg.rollout.top_k == 20
-    assert cfg.rollout.eval_temperature == (0.0 if family == "games" else pytest.approx(0.6))
+    assert cfg.eval.temperature == (0.0 if family == "games" else pytest.approx(0.6))
     assert (cfg.rollout.max_prompt_length, cfg.rollout.max_new_tokens) == (4096, 2048)
     assert (cfg.trainer.epsilon, cfg.trainer.epsilon_high) == (0.2, 0.2)
     assert cfg.trainer.loss_type == "bnpo"  # token-mean
@@ -278,10 +278,10 @@ def test_composes_under_eval(experiment):
                                         "paper/at_grpo/qwen3_1_7b/aime25/single",
                                         "paper/at_grpo/qwen3_1_7b/apps/mas_prompt", "paper/mgrpo/gaia/async",
                                         "paper/mgrpo/webwalkerqa/single_agent"])
-def test_train_composes_the_eval_config_without_load_and_eval(experiment):
+def test_train_composes_the_eval_config_without_load(experiment):
     trained = OmegaConf.to_container(_compose("train", (f"experiment={experiment}",)))
     evaluated = OmegaConf.to_container(_plain(experiment))
-    assert evaluated.pop("load") is None and set(evaluated.pop("eval")) == {"samples", "temperature", "pass_k"}
+    assert evaluated.pop("load") is None and set(evaluated["eval"]) == {"samples", "temperature", "pass_k"}
     assert trained == evaluated
 
 

@@ -13,7 +13,7 @@ from marl_cli.training.loop import Trainer
 from tests.helpers import FAST, TINY, train_config
 
 TEAM = [*FAST, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role", "rollout.temperature=0.7",
-        "rollout.top_k=5", "rollout.max_new_tokens=9", "rollout.eval_temperature=0.0"]
+        "rollout.top_k=5", "rollout.max_new_tokens=9", "eval.temperature=0.0"]
 
 
 def test_a_two_role_run_builds_one_policy_per_role_and_computes_the_role_map_once(tmp_path):

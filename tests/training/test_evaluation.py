@@ -17,7 +17,7 @@ from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Sampling
 from marl_cli.training.build import Run, build_team, resolve_load
 from marl_cli.training.evaluation import evaluate, pass_at_k
-from tests.helpers import TINY, ScriptedGenerator
+from tests.helpers import FAST, TINY, ScriptedGenerator, train_config
 
 register_configs()
 
@@ -121,3 +121,19 @@ def test_policies_load_by_name_or_from_a_checkpoints_only_policy(tmp_path):
     lora = _cfg("workflow=tool_plan", "policy=lora_per_role")
     with pytest.raises(ConfigError, match="holds full models"):
         load_checkpoint(lora, role_map, tmp_path / "pr", per_role, torch.device("cpu"), tmp_path / "w")
+
+
+def test_a_training_runs_evaluations_play_as_eval_says(tmp_path):
+    """One ``eval`` group for the evaluations of a training run and for ``marl eval``: n samples a task at
+    ``eval.temperature``, with pass@k."""
+    from marl_cli.training.loop import train
+
+    cfg = train_config(*FAST, "trainer.steps=1", "trainer.eval_every=1", "eval.samples=2", "eval.temperature=1.0",
+                       "eval.pass_k=[1,2]")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["status"] == "completed"
+    for prefix in ("eval_before", "eval"):
+        assert summary[f"{prefix}/pass@1"] == pytest.approx(summary[f"{prefix}/success"])
+        assert summary[f"{prefix}/pass@2"] >= summary[f"{prefix}/pass@1"]
+    greedy = train(train_config(*FAST, "trainer.steps=0"), tmp_path / "greedy")
+    assert "eval_before/success" in greedy and not any("pass@" in key for key in greedy)
