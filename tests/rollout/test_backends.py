@@ -3,10 +3,11 @@ building the rollout machinery never imports vLLM."""
 
 from __future__ import annotations
 
+import ast
 import inspect
-import subprocess
-import sys
+from pathlib import Path
 
+import marl_cli
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.generation import HFGenerator
 from tests.helpers import ScriptedGenerator
@@ -28,8 +29,15 @@ def test_the_vllm_generator_has_the_protocols_methods_with_its_signatures():
     assert "self.calls = 0" in inspect.getsource(VLLMGenerator.__init__)
 
 
-def test_no_rollout_module_imports_vllm():
-    code = ("import sys, marl_cli.rollout.backends, marl_cli.rollout.engine, marl_cli.rollout.vllm_generator, "
-            "marl_cli.training.build; print('vllm' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+def test_no_module_imports_vllm_at_module_level():
+    """vLLM is an optional extra: only the functions that build or drive an engine import it (read from the source,
+    so the check holds whether or not vllm is installed)."""
+    package = Path(marl_cli.__file__).parent
+    for path in package.rglob("*.py"):
+        body = ast.parse(path.read_text()).body
+        top = [n for n in body if isinstance(n, ast.Import | ast.ImportFrom)]
+        top += [n for t in body if isinstance(t, ast.If | ast.Try) for n in ast.walk(t)
+                if isinstance(n, ast.Import | ast.ImportFrom)]
+        names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n == "vllm" or n.startswith("vllm.")], path
