@@ -292,6 +292,7 @@ def test_torchrun_two_processes_train_resume_and_write_once(tmp_path, sharding):
               f"trainer.warmstart.cache={tmp_path / 'cache'}"]  # a miss: rank 1 draws the demonstrations after it
     done = torchrun(*common, "trainer.steps=2", "trainer.save_every=1", f"hydra.run.dir={run_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "wandb" not in (done.stdout + done.stderr).lower()  # logger=none: not even transformers' import-time line
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 0, 0, 1, 2, 2]  # eval before warm start, warm start, eval_before; steps 1, 2; final eval
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
