@@ -33,23 +33,35 @@ PRINT_FLAGS = {"-c", "--cfg", "-i", "--info"}
 PRINT_CHOICES = {"job", "hydra", "all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 """``--cfg job``, ``--info defaults``: flags whose next argument, one of these words, is their value."""
 MULTIRUN_FLAGS = {"-m", "--multirun"}
+COMPLETION_FLAGS = {"-sc", "--shell-completion"}
+MODES = (MULTIRUN_FLAGS, {"-c", "--cfg"}, {"-i", "--info"}, COMPLETION_FLAGS)
+"""What Hydra does with a command line, one at a time: run a sweep, print the config, print info, complete."""
 HELP_FLAGS = {"-h", "--help"}
 """marl's own help (groups with what they are for); ``--hydra-help`` is Hydra's."""
 FAILED_JOBS: list[tuple[str, str]] = []
 """(job dir, error) of the sweep's failed jobs in this process."""
 
 
-def overrides_in(args: list[str]) -> list[str]:
-    """The ``key=value`` overrides among Hydra's command-line arguments."""
-    out, skip = [], False
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """Hydra's command-line arguments as (the ``key=value`` overrides, the flags with their values), each in order."""
+    overrides, flags, skip = [], [], False
     for i, arg in enumerate(args):
         if skip:
             skip = False
+            flags.append(arg)
         elif arg in VALUE_FLAGS or (arg in PRINT_FLAGS and args[i + 1:i + 2] and args[i + 1] in PRINT_CHOICES):
             skip = True
-        elif not arg.startswith("-"):
-            out.append(arg)
-    return out
+            flags.append(arg)
+        elif arg.startswith("-"):
+            flags.append(arg)
+        else:
+            overrides.append(arg)
+    return overrides, flags
+
+
+def overrides_in(args: list[str]) -> list[str]:
+    """The ``key=value`` overrides among Hydra's command-line arguments."""
+    return split_args(args)[0]
 
 
 def key_of(override: str) -> str:
@@ -104,7 +116,7 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
     Hydra 1.3's ``~experiment``, which deletes the defaults-list entry."""
     args = ["~experiment" if arg == NO_EXPERIMENT else arg for arg in args]
     install = [a.split("=", 1)[1] for a in args if a.startswith("install=")]
-    if {"-sc", "--shell-completion"}.intersection(args) and install:
+    if COMPLETION_FLAGS.intersection(args) and install:
         from marl_cli.cli.completion import run
 
         run(install)  # Hydra's would complete a `marl-<command>` program, which does not exist
@@ -114,12 +126,12 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
 
         print(help_text(command, args))
         sys.exit(0)
-    modes = [f for f in ("-m", "--multirun", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion") if f in args]
+    modes = [next(f for f in args if f in mode) for mode in MODES if mode.intersection(args)]
     if len(modes) > 1:
         fail(command, f"{' and '.join(modes)}: give one of them (Hydra runs, prints or completes, one at a time)")
     try:
         register_configs()
-        if not {"-sc", "--shell-completion"}.intersection(args):
+        if not COMPLETION_FLAGS.intersection(args):
             args = [*inherited_overrides(args), *args]
             check_overrides(config_name, overrides_in(args), config_dirs_in(args),
                             full=not INFO_FLAGS.intersection(args))
@@ -131,8 +143,8 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
         from marl_cli.training.distributed import launch_overrides
 
         args = [*args, *launch_overrides(args)]
-    overrides = overrides_in(args)  # first: Hydra's parser drops overrides that follow a flag's value
-    sys.argv = [f"marl-{command}", *overrides, *(a for a in args if a not in overrides)]
+    overrides, flags = split_args(args)  # overrides first: Hydra's parser drops those that follow a flag's value
+    sys.argv = [f"marl-{command}", *overrides, *flags]
     FAILED_JOBS.clear()
     hydra_main()
     if FAILED_JOBS:

@@ -7,7 +7,7 @@ from omegaconf import open_dict
 
 from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
-from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_app, run_job
+from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_app, run_job, split_args
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs
 from marl_cli.provenance import version
@@ -19,6 +19,7 @@ register_configs()
 def test_overrides_skip_flags_and_their_values():
     args = ["-m", "a=1", "--config-name", "train", "+b=2,3", "-cd", "/x", "~c"]
     assert overrides_in(args) == ["a=1", "+b=2,3", "~c"]
+    assert split_args(["-cd", "seed=1", "seed=1", "--cfg", "job"]) == (["seed=1"], ["-cd", "seed=1", "--cfg", "job"])
 
 
 def _started(args: list[str], capsys) -> tuple[list[str] | None, str]:
