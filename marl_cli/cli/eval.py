@@ -7,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from marl_cli.cli.app import run_app, run_job
-from marl_cli.cli.first_run import FIRST_RUN, default_hint, with_default
+from marl_cli.cli.first_run import with_default
 from marl_cli.config.paths import config_dir
 
 
@@ -20,6 +20,5 @@ def eval_app(cfg: DictConfig) -> float | None:
 
 
 def run(args: list[str]) -> None:
-    started = with_default(args)
-    hint = default_hint("eval", args) if started[0] == FIRST_RUN else None
+    started, hint = with_default("eval", args)
     run_app("eval", "eval", eval_app, started, hint)

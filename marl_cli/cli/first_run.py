@@ -17,13 +17,14 @@ HINT = (" (marl {command} starts from experiment=embedded, 4x4 Plan-Path; add ex
 """Ends a config error that the default experiment causes (``env=math`` meets its Plan-Path ``env.size``)."""
 
 
-def with_default(args: list[str]) -> list[str]:
+def with_default(command: str, args: list[str]) -> tuple[list[str], Callable[[], str] | None]:
     """``args`` starting from :data:`FIRST_RUN` unless they name an experiment (``experiment=null`` too: ``run_app``
-    makes it Hydra's ``~experiment``) or continue or evaluate a run (which keeps its own)."""
+    makes it Hydra's ``~experiment``) or continue or evaluate a run (which keeps its own); with the hint that ends
+    a config error the default causes (None where the default does not apply)."""
     keys = {key_of(o) for o in overrides_in(args)}
     if keys & {"experiment", *LOADS_A_RUN}:
-        return args
-    return [FIRST_RUN, *args]
+        return args, None
+    return [FIRST_RUN, *args], default_hint(command, args)
 
 
 def default_hint(command: str, args: list[str]) -> Callable[[], str]:

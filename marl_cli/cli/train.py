@@ -12,7 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from marl_cli.cli.app import hydra_quote, key_of, overrides_in, run_app, run_job
-from marl_cli.cli.first_run import FIRST_RUN, default_hint, with_default
+from marl_cli.cli.first_run import with_default
 from marl_cli.config.paths import config_dir
 
 
@@ -40,6 +40,5 @@ def resumed_in_place(args: list[str]) -> list[str]:
 
 
 def run(args: list[str]) -> None:
-    started = with_default(args)
-    hint = default_hint("train", args) if started[0] == FIRST_RUN else None
+    started, hint = with_default("train", args)
     run_app("train", "train", train_app, [*started, *resumed_in_place(args)], hint)
