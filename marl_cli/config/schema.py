@@ -266,6 +266,25 @@ class PolicyConfig:
     lora_dropout: float = bounded(0.0, ge=0.0, le=0.99)  # lora_per_role: adapter dropout
     lora_target_modules: str = "all-linear"  # peft target modules: all-linear, or comma-separated module names
     devices: list[str] = field(default_factory=list)  # full-model policies on these devices, in turn (cuda:0,cuda:1)
+    # policy name -> what its model changes from `model` (name_or_path, tiny.*, dtype): a team of different models
+    models: dict[str, Any] = field(default_factory=dict)
+    # policy name -> what its update changes from `trainer` (learning_rate, loss_type, ...: config.team.TRAINER_KEYS)
+    trainers: dict[str, Any] = field(default_factory=dict)
+    frozen: list[str] = field(default_factory=list)  # policies that act but never update (weights, optimiser state)
+
+
+@dataclass
+class RoleSampling:
+    """What one role's sampling changes (``rollout.roles.<role>``, ``eval.roles.<role>``); null keys keep the
+    group's."""
+
+    temperature: float | None = bounded(None, ge=0.0)  # eval: 0 is greedy; training needs > 0
+    top_p: float | None = bounded(None, gt=0.0, le=1.0)
+    top_k: int | None = bounded(None, ge=0)
+    min_p: float | None = bounded(None, ge=0.0, le=1.0)
+    max_new_tokens: int | None = bounded(None, ge=1)
+    stop: list[str] | None = None  # the completion ends after the first of these strings (kept in it)
+    chat_template_kwargs: dict[str, Any] | None = None  # merged over model.chat_template_kwargs
 
 
 @dataclass
@@ -315,7 +334,12 @@ class RolloutConfig:
     temperature: float = bounded(1.0, gt=0.0)  # also the temperature of the loss's log-probabilities
     top_p: float = bounded(1.0, gt=0.0, le=1.0)  # nucleus sampling; 1: off
     top_k: int = bounded(0, ge=0)  # 0: off
+    min_p: float = bounded(0.0, ge=0.0, le=1.0)  # drop tokens below min_p x the top token's probability; 0: off
     max_new_tokens: int = bounded(64, ge=1)  # completion tokens per agent turn
+    stop: list[str] = field(default_factory=list)  # a completion ends after the first of these strings (kept in it)
+    # role -> what its training rollouts change (temperature, top_p, top_k, min_p, max_new_tokens, stop,
+    # chat_template_kwargs: schema.RoleSampling); the learner scores each row at its role's temperature
+    roles: dict[str, Any] = field(default_factory=dict)
     max_prompt_length: int = bounded(1024, ge=1)  # longer prompts keep their end (left truncation)
     batch_size: int = bounded(256, ge=1)  # largest batch handed to one generate call
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -382,6 +406,12 @@ class TrainerConfig:
     resume: str | None = None  # a run dir to continue from its last checkpoint
     init_from: str | None = None  # a checkpoint dir (<run>/checkpoints/step_N) whose policies this run starts from
     frozen_roles: list[str] = field(default_factory=list)  # roles that act but are never updated (a frozen sub-agent)
+    # train the policies in turn, N steps each (MARFT's agent-by-agent training): the others act but stay as they
+    # are, weights and optimiser state; 0: every policy trains every step
+    alternate_every: int = bounded(0, ge=0)
+    alternate_order: list[str] = field(default_factory=list)  # the policies in turn; empty: as the roles name them
+    # every N steps the roles move one policy along (two policies swap roles: CORY's pioneer and observer); 0: never
+    swap_roles_every: int = bounded(0, ge=0)
     role: TrainerRole = TrainerRole.all  # all: one process; main | sub: decoupled M-GRPO trainers
     sync: bool = True  # decoupled: main waits for the sub trainer's step s-1 before rolling out step s
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -452,6 +482,9 @@ class EvalConfig:
     samples: int = bounded(1, ge=1)  # episodes per task (n); pass@k needs n >= k
     temperature: float = bounded(0.0, ge=0.0)  # 0: greedy (then samples must be 1)
     pass_k: list[int] = field(default_factory=lambda: [1])  # k values reported as eval/pass@k (unbiased estimator)
+    # role -> what its evaluation sampling changes (schema.RoleSampling keys): a role samples in evaluation as in
+    # training (rollout.*, rollout.roles.<role>) but at eval.temperature, then with these
+    roles: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

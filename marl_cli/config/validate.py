@@ -29,6 +29,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.launch import launched_world_size
 from marl_cli.config.paths import config_dir
 from marl_cli.config.registry import Registry, registries
+from marl_cli.config.team import check_role_sampling, check_schema
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
@@ -133,34 +134,6 @@ def missing_option(err: MissingConfigException) -> str:
     return f"{group}={choice}: no such option{listed}{plugin}"
 
 
-def _typed_nodes(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig, type]]:
-    """Every config node backed by a dataclass schema, with its dotted path (``"trainer."``)."""
-    schema = OmegaConf.get_type(node)
-    if dataclasses.is_dataclass(schema):
-        yield path, node, schema
-    for key in node:
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
-            yield from _typed_nodes(child, f"{path}{key}.")
-
-
-def check_schema(cfg: DictConfig) -> None:
-    """Keys no schema declares (``+trainer.foo=1``) and values outside their field's bounds."""
-    for path, node, schema in _typed_nodes(cfg):
-        fields = {f.name: f for f in dataclasses.fields(schema)}
-        for key in node:
-            if key not in fields:
-                raise ConfigError(f"{path}{key}: no such key; valid keys: {', '.join(fields)}")
-            bounds = fields[key].metadata
-            value = node[key]
-            if not bounds or value is None:
-                continue
-            ge, gt, le = bounds.get("ge"), bounds.get("gt"), bounds.get("le")
-            if (ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le):
-                wanted = " and ".join(f"{op} {b}" for op, b in ((">=", ge), (">", gt), ("<=", le)) if b is not None)
-                raise ConfigError(f"{path}{key}={value}: must be {wanted}")
-
-
 def check_device(name: str, where: str = "") -> None:
     """That this machine has ``device=<name>`` (mps, cuda, cuda:<index>), checked before any model is built; torch
     is imported only for such a device (auto and cpu need no check, and config checks stay fast without it)."""
@@ -234,6 +207,7 @@ def check_run(cfg: DictConfig) -> None:
     if OmegaConf.select(cfg, "trainer.resume"):
         check_resume(cfg, Path(cfg.trainer.resume).resolve())
     _check_eval(cfg)
+    check_role_sampling(cfg)
     _check_processes(cfg, launched_world_size())
 
 

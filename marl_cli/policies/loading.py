@@ -18,11 +18,11 @@ from marl_cli.policies.tiny import save_tiny
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_source(model_cfg: Any, seed: int, workdir: Path) -> str:
-    """A path or hub id to load from: the configured one, or a freshly saved tiny model."""
+def resolve_source(model_cfg: Any, seed: int, workdir: Path, suffix: str = "") -> str:
+    """A path or hub id to load from: the configured one, or a freshly saved tiny model (``tiny_init<suffix>``)."""
     if model_cfg.name_or_path:
         return str(model_cfg.name_or_path)
-    target = workdir / "tiny_init"
+    target = workdir / f"tiny_init{suffix}"
     save_once(target, lambda path: save_tiny(model_cfg.tiny, seed, path))
     return str(target)
 

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.team import policy_model
 from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source, save_once
 from marl_cli.policies.roles import LORA_BASE, REGIMES, uses_adapters
 
@@ -100,25 +101,29 @@ class Placement:
 
 def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir: Path,
                    device: torch.device | Placement, sources: dict[str, str] | None = None,
-                   regime: str = "shared", master_weights: bool = False) -> dict[str, Policy]:
+                   regime: str = "shared", master_weights: bool = False,
+                   models: dict[str, Any] | None = None) -> dict[str, Policy]:
     """Load one model per policy name, on ``device`` (or its ``Placement``); ``sources`` (e.g. a checkpoint)
     override where each loads from.
 
+    Each policy starts from ``model_cfg``, or from its own entry of ``models`` (a team of different models,
+    ``config.team.policy_model``: its own tiny model is saved under ``workdir/tiny_init_<name>``, its own dtype).
     Under ``lora_per_role`` this returns the one base model as a policy named ``base`` serving every
     role (what the warm start trains); ``attach_adapters`` then splits it into per-role adapters.
     ``master_weights`` (training): a bf16/fp16 ``model.dtype`` loads fp32 weights and computes in that
     dtype (mixed precision), so small updates are not rounded away.
     """
-    base = resolve_source(model_cfg, seed, workdir)
     if REGIMES.get(regime).adapters:
         role_map = dict.fromkeys(role_map, LORA_BASE)
     policies: dict[str, Policy] = {}
-    compute = DTYPES.get(model_cfg.dtype)
-    stored = "float32" if master_weights and compute is not None else model_cfg.dtype
     place = device if isinstance(device, Placement) else Placement(device)
     for role, name in role_map.items():
         if name not in policies:
-            source = (sources or {}).get(name, base)
+            own = (models or {}).get(name, model_cfg)
+            source = (sources or {}).get(name) or resolve_source(own, seed, workdir,
+                                                                 "" if own is model_cfg else f"_{name}")
+            compute = DTYPES.get(own.dtype)
+            stored = "float32" if master_weights and compute is not None else own.dtype
             policies[name] = Policy(name, load_model(source, stored, place.of(name)), load_tokenizer(source), source,
                                     compute_dtype=compute)
         policies[name].roles.append(role)
@@ -150,6 +155,11 @@ def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, wor
     for role, name in role_map.items():
         policies[name].roles.append(role)
     return policies
+
+
+def policy_models(cfg: Any) -> dict[str, Any]:
+    """The policies that start from a model of their own (``policy.models``), with its config."""
+    return {name: policy_model(cfg, name) for name in cfg.policy.models}
 
 
 def routing(role_map: dict[str, str], policies: dict[str, Policy]) -> dict[str, str]:
@@ -210,4 +220,5 @@ def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoin
             raise ConfigError(f"load={checkpoint}: no saved model for policies {missing}; it has {sorted(saved)} "
                               "(map roles to them with +policy.assignment.<role>=<policy>)")
         sources = {n: str(saved[n]) for n in wanted}
-    return build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name)
+    return build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name,
+                          models=policy_models(cfg))

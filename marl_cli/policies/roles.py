@@ -17,6 +17,7 @@ from typing import Any
 from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
+from marl_cli.config.team import check_team
 
 LORA_BASE = "lora_base"
 """Where an adapter regime keeps its frozen (warm-started) base model, under the run dir."""
@@ -89,9 +90,11 @@ def check_adapters(cfg: Any) -> None:
 
 
 def check_regime(cfg: Any) -> None:
-    """Every regime's rules: the role→policy map (``policy.assignment``), decoupled trainers' setup and, for a
-    regime of adapters, ``check_adapters``."""
-    sub_roles(cfg, assign_roles(cfg.policy, list(cfg.workflow.roles)))
+    """Every regime's rules: the role→policy map (``policy.assignment``), decoupled trainers' setup, the team's
+    per-policy settings and schedule (``config.team.check_team``) and, for a regime of adapters, ``check_adapters``."""
+    role_map = assign_roles(cfg.policy, list(cfg.workflow.roles))
+    sub_roles(cfg, role_map)
+    check_team(cfg, role_map, uses_adapters(cfg.policy))
     if uses_adapters(cfg.policy):
         check_adapters(cfg)
 

@@ -140,6 +140,7 @@ class Rollout:
         jobs = [(ep.state, g.text) for ep in acting for g in generations[ep.task, ep.branch]]
         segments = [workflow.segment(role, ep.state) for ep in acting]
         outcomes = workflow.act_many(role, jobs)
+        temperature = self.sampling.for_role(role).temperature
         samples: list[Sample] = []
         for i, ep in enumerate(acting):
             gens = generations[ep.task, ep.branch]
@@ -150,7 +151,8 @@ class Rollout:
                     policy=self.routing[role], prompt_ids=gen.prompt_ids, completion_ids=gen.completion_ids,
                     reward=out.reward, success=out.solved, format_ok=out.format_ok,
                     info={**out.info, "local": out.local, "team": out.team}, segment=segments[i],
-                    sampling_logprobs=gen.logprobs, prompt_truncated=gen.prompt_truncated, finished=gen.finished))
+                    sampling_logprobs=gen.logprobs, prompt_truncated=gen.prompt_truncated, finished=gen.finished,
+                    temperature=temperature))
             chosen = mine[select(mine, self.selection, rng)] if tree else mine[0]
             ep.state = chosen.state
             ep.team_return += chosen.reward
@@ -159,14 +161,15 @@ class Rollout:
 
     def _generate_stage(self, stage: list[str], live: list[Episode],
                         candidates: int) -> dict[str, dict[tuple[int, int], list[Generation]]]:
-        """Generate for every role of the stage that is acting, one batched call per policy (per policy and system
-        message when roles of one policy have different ones); results by role and episode."""
+        """Generate for every role of the stage that is acting, one batched call per policy (per policy and role
+        sampling when roles of one policy sample differently or have different system messages); results by role
+        and episode."""
         workflow, sampling = self.workflow, self.sampling
-        by_policy: dict[tuple[str, str | None], list[tuple[str, Episode]]] = defaultdict(list)
-        for role in stage:  # roles of one policy share a call unless their system messages differ
+        by_policy: dict[tuple[str, str], list[tuple[str, Episode]]] = defaultdict(list)
+        for role in stage:  # roles of one policy share a call unless they sample differently
             for ep in live:
                 if workflow.acting(role, ep.state):
-                    by_policy[self.routing[role], sampling.system_prompts.get(role)].extend([(role, ep)] * candidates)
+                    by_policy[self.routing[role], sampling.key(role)].extend([(role, ep)] * candidates)
         out: dict[str, dict[tuple[int, int], list[Generation]]] = {role: defaultdict(list) for role in stage}
         for (name, _), items in by_policy.items():
             prompts = [workflow.prompt(role, ep.state) for role, ep in items]

@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
@@ -30,22 +35,35 @@ from marl_cli.rollout.prefix import cache_argument, shared_prompt_cache
 
 @dataclass
 class Sampling:
-    """How to sample: temperature 0 means greedy decoding."""
+    """How to sample: temperature 0 means greedy decoding. ``roles`` holds what each role changes (its
+    ``schema.RoleSampling`` keys); ``for_role`` gives the settings one role generates with."""
 
     temperature: float
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
     max_prompt_length: int = 1024
     batch_size: int = 256
     use_chat_template: bool = True
     system_prompts: dict[str, str] = field(default_factory=dict)  # role -> system message
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> its changes
     system_prompt: str | None = None  # of the role being generated for (``for_role``)
 
     def for_role(self, role: str) -> Sampling:
-        """These settings with ``role``'s system message."""
-        return replace(self, system_prompt=self.system_prompts.get(role))
+        """The settings ``role`` generates with: these, with its changes and its system message."""
+        changes = dict(self.roles.get(role, {}))
+        kwargs = {**self.chat_template_kwargs, **changes.pop("chat_template_kwargs", {})}
+        if "stop" in changes:
+            changes["stop"] = tuple(changes["stop"])
+        return replace(self, **changes, chat_template_kwargs=kwargs, system_prompt=self.system_prompts.get(role),
+                       roles={})
+
+    def key(self, role: str) -> str:
+        """Equal for roles that generate alike (one generate call may serve them together)."""
+        return repr(self.for_role(role))
 
     def prompt(self, tokenizer: Any, text: str) -> str:
         """``text`` as the model sees it: the chat template (with the system message and template kwargs) when
@@ -116,11 +134,29 @@ def encode_prompts(policy: Policy, prompts: list[str], sampling: Sampling) -> tu
     return [row[-limit:] for row in ids], [len(row) > limit for row in ids]
 
 
+def stop_index(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> int | None:
+    """The index of the token that completes the first of ``stops`` in the decoded ``tokens`` (None: no stop string
+    in them); a binary search over prefixes, as a prefix that holds a stop string stays holding it."""
+    def holds(n: int) -> bool:
+        text = tokenizer.decode(tokens[:n], skip_special_tokens=True)
+        return any(stop in text for stop in stops)
+
+    if not stops or not holds(len(tokens)):
+        return None
+    low, high = 1, len(tokens)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if holds(middle) else (middle + 1, high)
+    return low - 1
+
+
 def as_sampled(policy: Policy, prompt_ids: list[int], tokens: list[int], logprobs: list[float], truncated: bool,
-               ends: list[int]) -> Generation:
-    """A backend's raw completion as marl keeps it: cut after its first end token (kept whole when none came),
-    its log-probs cut with it, decoded without special tokens."""
+               ends: list[int], stops: tuple[str, ...] = ()) -> Generation:
+    """A backend's raw completion as marl keeps it: cut after its first end token or the token that completes a
+    stop string (kept whole when neither came), its log-probs cut with it, decoded without special tokens."""
     end = next((j for j, t in enumerate(tokens) if t in ends), None)
+    stop = stop_index(policy.tokenizer, tokens if end is None else tokens[:end + 1], stops)
+    end = end if stop is None else stop
     completion = tokens if end is None else tokens[:end + 1]
     text = policy.tokenizer.decode(completion, skip_special_tokens=True)
     return Generation(prompt_ids, completion, text, logprobs[:len(completion)], truncated, end is not None)
@@ -172,16 +208,18 @@ class HFGenerator:
                     # generate's padding-aware ones: the new tokens must continue from the same positions
                     grow_in_place(cache[cache_argument(model)], input_ids.size(1) + sampling.max_new_tokens)
                     cache["position_ids"] = torch.arange(input_ids.size(1), device=model.device).expand_as(input_ids)
+                stops = {"stop_strings": list(sampling.stop), "tokenizer": tokenizer} if sampling.stop else {}
                 out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                      max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                                      eos_token_id=ends, logits_processor=LogitsProcessorList([recorder]),
-                                     **cache, **kwargs)
+                                     **cache, **kwargs, **stops)
             self.calls += 1
             generated = out[:, input_ids.shape[1]:]
             logprobs = recorder.finish(generated[:, -1]) if generated.shape[1] else None
             for i, row in enumerate(chunk):
                 lps = logprobs[i].tolist() if logprobs is not None else []
-                results.append(as_sampled(policy, row, generated[i].tolist(), lps, truncated[start + i], ends))
+                results.append(as_sampled(policy, row, generated[i].tolist(), lps, truncated[start + i], ends,
+                                          sampling.stop))
         model.train(was_training)
         return results
 
@@ -201,4 +239,6 @@ def _warpers(sampling: Sampling) -> list[LogitsProcessor]:
         warpers.append(TopKLogitsWarper(sampling.top_k))
     if sampling.top_p < 1.0:
         warpers.append(TopPLogitsWarper(sampling.top_p))
+    if sampling.min_p > 0.0:
+        warpers.append(MinPLogitsWarper(sampling.min_p))
     return warpers

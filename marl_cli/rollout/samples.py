@@ -14,7 +14,7 @@ class Sample:
     ``advantage`` is filled in by an algorithm; ``keep`` is cleared by its group filter.
     ``sampling_logprobs`` are the sampler's log-probs of the completion tokens (the log-prob gap is
     measured against them); ``prompt_truncated`` and ``finished`` (ended with an end token) come
-    from the generator too.
+    from the generator too; ``temperature`` is the one the row was sampled at (the learner scores it there).
     """
 
     task: int
@@ -34,3 +34,4 @@ class Sample:
     sampling_logprobs: list[float] = field(default_factory=list)
     prompt_truncated: bool = False
     finished: bool = True
+    temperature: float | None = None

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli import determinism
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.team import role_sampling
 from marl_cli.config.validate import check_config, check_device
 from marl_cli.envs import ENVS, build_env
 from marl_cli.policies.regime import (
@@ -24,6 +25,7 @@ from marl_cli.policies.regime import (
     build_policies,
     load_checkpoint,
     policy_dirs,
+    policy_models,
     resume_sources,
     routing,
 )
@@ -56,13 +58,17 @@ def placement(cfg: DictConfig, role_map: dict[str, str]) -> Placement:
     return Placement(default, {n: devices[i % len(devices)] for i, n in enumerate(names)} if devices else {})
 
 
-def sampling_from(rollout: Any, model_cfg: Any, temperature: float) -> Sampling:
-    """Generation settings from the ``rollout`` and ``model`` configs at ``temperature`` (0: greedy)."""
-    return Sampling(temperature=temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                    max_new_tokens=rollout.max_new_tokens, max_prompt_length=rollout.max_prompt_length,
+def sampling_from(cfg: DictConfig, evaluation: bool = False) -> Sampling:
+    """How the run's training rollouts sample (``rollout.*``, each role with ``rollout.roles.<role>``), or with
+    ``evaluation`` its evaluations (the same at ``eval.temperature``, 0: greedy, then ``eval.roles.<role>``)."""
+    rollout, model_cfg = cfg.rollout, cfg.model
+    return Sampling(temperature=cfg.eval.temperature if evaluation else rollout.temperature, top_p=rollout.top_p,
+                    top_k=rollout.top_k, min_p=rollout.min_p, max_new_tokens=rollout.max_new_tokens,
+                    stop=tuple(rollout.stop), max_prompt_length=rollout.max_prompt_length,
                     batch_size=rollout.batch_size, use_chat_template=model_cfg.use_chat_template,
                     system_prompts=dict(model_cfg.system_prompts),
-                    chat_template_kwargs=OmegaConf.to_container(model_cfg.chat_template_kwargs))
+                    chat_template_kwargs=OmegaConf.to_container(model_cfg.chat_template_kwargs),
+                    roles={role: role_sampling(cfg, role, evaluation) for role in cfg.workflow.roles})
 
 
 def init_seed(cfg: DictConfig) -> int:
@@ -143,7 +149,8 @@ class PolicySource:
         if self.evaluating and self.checkpoint is not None:
             return load_checkpoint(cfg, owned, self.loaded_run, self.checkpoint, device, run_dir)
         if self.evaluating:
-            return build_policies(owned, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name)
+            return build_policies(owned, cfg.model, cfg.seed, run_dir, device, None, cfg.policy.name,
+                                  models=policy_models(cfg))
         names = set(owned.values())
         sources = None
         if self.checkpoint is not None:
@@ -151,7 +158,7 @@ class PolicySource:
         elif self.init_from is not None:
             sources = initial_policies(self.init_from, names)
         return build_policies(owned, cfg.model, init_seed(cfg), run_dir, device, sources, cfg.policy.name,
-                              master_weights=True)
+                              master_weights=True, models=policy_models(cfg))
 
 
 @dataclass
@@ -240,7 +247,6 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     owned = {r: p for r, p in role_map.items() if r in mine}
     policies = source.load(cfg, run_dir, owned, device)
     rollout = Rollout(workflow, policies, routing(role_map, policies), BACKENDS.get(cfg.rollout.backend)(cfg),
-                      sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature),
-                      sampling_from(cfg.rollout, cfg.model, cfg.eval.temperature),
+                      sampling_from(cfg), sampling_from(cfg, evaluation=True),
                       cfg.algorithm.mode, cfg.algorithm.selection)
     return Run(cfg, run_dir, role_map, rollout, source, World.current())

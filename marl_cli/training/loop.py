@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
+from marl_cli.config.team import Schedule, policy_trainer
 from marl_cli.policies.regime import checkpoint_adapters
 from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
@@ -68,6 +69,7 @@ class Trainer:
         self.run, self.cfg, self.checkpoint = run, cfg, run.source.resumed
         self.source = source or RolloutRows(run)
         self.trained_roles = trained_roles_of(cfg, run.workflow.roles)
+        self.schedule = Schedule.of(cfg, run.role_map)
         self.trainers: dict[str, PolicyTrainer] = {}
         self.rng = random.Random(cfg.seed)
         self.counters = {"store/trajectories": 0.0}  # decoupled: sub-trajectories written (main) or trained (sub)
@@ -126,14 +128,23 @@ class Trainer:
         if fresh:
             self.source.start(self.run.policies)
             self.evaluate("eval_before", 0)
-        sampling = self.run.sampling  # the learner's loss temperature is the one its rollouts sample at
         for name, policy in self.run.policies.items():
-            if set(policy.roles) & self.trained_roles:
-                self.trainers[name] = PolicyTrainer(policy, cfg.trainer, sampling.temperature,
-                                                    sampling.max_new_tokens, self.run.run_dir / "trl" / name,
-                                                    cfg.seed, self.run.world)
+            if name in self.schedule.trainable and (self.schedule.swap_every or set(policy.roles) & self.trained_roles):
+                self.trainers[name] = self.policy_trainer(name, policy)
         if not fresh:
             self.restore(self.checkpoint)
+
+    def policy_trainer(self, name: str, policy: Any) -> PolicyTrainer:
+        """The TRL trainer of policy ``name``: ``trainer`` with its ``policy.trainers.<name>`` changes, its
+        learning-rate schedule as long as the steps it trains (``Schedule.steps_of``), its rows scored at the
+        temperature each was sampled at (its first role's where a row does not say) and ``dr_grpo``'s length its
+        roles' longest."""
+        cfg, sampling = self.cfg, self.run.sampling
+        settings = policy_trainer(cfg, name)
+        settings.steps = self.schedule.steps_of(name, cfg.trainer.steps)
+        roles = [sampling.for_role(role) for role in policy.roles]
+        return PolicyTrainer(policy, settings, roles[0].temperature, max(r.max_new_tokens for r in roles),
+                             self.run.run_dir / "trl" / name, cfg.seed, self.run.world)
 
     def share_weights(self) -> None:
         """Every process of a multi-process run continues from rank 0's weights (its warm start, its adapters)."""
@@ -152,6 +163,8 @@ class Trainer:
     def train_step(self, step: int) -> tuple[dict[str, float], list[Sample]]:
         """One RL step: this step's rows, advantages, one update per trained policy; its metrics and rows as trained."""
         t0 = time.perf_counter()
+        if self.schedule.swap_every:
+            self.run.rollout.routing = self.schedule.routing(self.run.role_map, step)
         samples, rollouts, metrics = self.source.rows(step, self.rng)
         self.run.generator.release()
         t_rollout = time.perf_counter() - t0
@@ -159,7 +172,11 @@ class Trainer:
                                                                         rollouts)
         metrics.update({f"train/{k}": v for k, v in stats.items()})
         metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
+        active = self.schedule.training(step)
         for name, trainer in self.trainers.items():
+            metrics[f"train/{name}/active"] = float(name in active)
+            if name not in active:  # its turn is to come: weights, optimiser and lr schedule stay as they are
+                continue
             mine = [s for s in rows if s.policy == name and s.role in self.trained_roles]
             if not any(s.keep for s in mine):
                 self.nothing_to_train(step, name, len(mine), metrics)

@@ -58,6 +58,15 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[st
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def by_temperature(rows: list[Sample], default: float) -> dict[float, list[Sample]]:
+    """``rows`` grouped by the temperature each was sampled at (``default`` where a row does not say), in order:
+    a mini-batch holds one temperature, as the learner scores each row at its own."""
+    groups: dict[float, list[Sample]] = {}
+    for s in rows:
+        groups.setdefault(default if s.temperature is None else s.temperature, []).append(s)
+    return groups
+
+
 def mini_batches(rows: list[Sample], size: int, world: World) -> list[list[Sample]]:
     """``rows`` in mini-batches of ``size``; across several processes a last one too small to give every
     rank a row joins the one before it."""
@@ -145,7 +154,8 @@ class PolicyTrainer:
             processes that model is sharded into the learner, and the policy gets a whole copy in its compute dtype,
             refreshed after every update).
         trainer_cfg: the ``trainer`` config (learning rate, scheduler, loss type, clipping, β, ...).
-        temperature: the rollout sampling temperature, so log-probabilities match the sampler's.
+        temperature: the temperature of rows that do not carry their own (``Sample.temperature``); each row is
+            scored at the temperature it was sampled at, so log-probabilities match the sampler's.
         max_completion_length: the rollout's ``max_new_tokens`` (used by the ``dr_grpo`` loss).
         output_dir: where TRL may write (nothing is written during marl's updates).
         seed: seeds TRL's trainer construction.
@@ -156,6 +166,7 @@ class PolicyTrainer:
                  output_dir: Path, seed: int, world: World | None = None):
         self.policy = policy
         self.cfg = trainer_cfg
+        self.temperature = temperature
         self.world = world or World()
         policy.activate()  # the optimiser takes the parameters that require grad: this adapter's only
         model = policy.model
@@ -302,7 +313,8 @@ class PolicyTrainer:
         """This process's share of each mini-batch of ``rows``, collated, with the indices of its rows to
         back-propagate, how many of those are zero-advantage copies, and the weight of their loss."""
         pad_id = self.policy.tokenizer.pad_token_id
-        wholes = mini_batches(rows, self.cfg.mini_batch_size, self.world)
+        wholes = [whole for part in by_temperature(rows, self.temperature).values()
+                  for whole in mini_batches(part, self.cfg.mini_batch_size, self.world)]
         shares = [self.world.share(whole) for whole in wholes]
         trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage) for mine in shares]
         # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows of each
@@ -311,6 +323,7 @@ class PolicyTrainer:
         batches = []
         for whole, mine, kept, count in zip(wholes, shares, trained, counts, strict=True):
             batch = collate(mine, pad_id, self.device)
+            batch["temperature"] = self.temperature if whole[0].temperature is None else whole[0].temperature
             tokens = sum(len(s.completion_ids) for s in whole)  # the token-sum losses' normaliser
             batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
             zeroed = count - len(kept)

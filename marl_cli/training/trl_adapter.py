@@ -29,7 +29,9 @@ normaliser), ``old_per_token_logps``, and where used ``ref_per_token_logps`` and
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,8 @@ class GRPOAdapter:
     def __init__(self, model: Any, tokenizer: Any, args: GRPOConfig, trainer_cfg: Any, world: World,
                  sharded: bool = False):
         self.args = args
+        self._forwards: dict[tuple[int, float], Any] = {}
+        """Forwards patched at other temperatures than ``args.temperature``, by (module id, temperature)."""
         self.trl = _GRPOLoss(model=model, args=args, processing_class=tokenizer,
                              reward_funcs=[_rewards_come_from_rollouts], train_dataset=_placeholder_prompts())
         self.trl.current_gradient_accumulation_steps = 1
@@ -192,16 +196,44 @@ class GRPOAdapter:
     def logps(self, model: Any, batch: dict[str, torch.Tensor],
               entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``model``'s per-token log-probs of ``batch``'s completions (and entropies with ``entropy``), scored as
-        the loss scores them (at the rollout temperature). The caller chooses grad or no grad."""
+        the loss scores them (at the batch's ``temperature``, else the config's). The caller chooses grad or no grad."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        logps, entropies, _ = self.trl._get_per_token_logps_and_entropies(
-            model, input_ids, mask, batch["completion_ids"].size(1), compute_entropy=entropy)
+        with self.scoring_at(model, batch.get("temperature")):
+            logps, entropies, _ = self.trl._get_per_token_logps_and_entropies(
+                model, input_ids, mask, batch["completion_ids"].size(1), compute_entropy=entropy)
         return logps, entropies
 
     def loss(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """TRL's GRPO loss of ``batch`` (see the module's docstring for the keys it reads) under ``model``."""
-        return self.trl.compute_loss(model, batch)
+        """TRL's GRPO loss of ``batch`` (see the module's docstring for the keys it reads) under ``model``, its
+        log-probs at the batch's ``temperature`` (else the config's)."""
+        with self.scoring_at(model, batch.get("temperature")):
+            return self.trl.compute_loss(model, batch)
+
+    @contextlib.contextmanager
+    def scoring_at(self, model: Any, temperature: float | None) -> Iterator[None]:
+        """Within the block ``model``'s fused head divides the logits by ``temperature`` (None, or the config's:
+        as TRL patched it). TRL fixes the temperature when it patches a model's forward
+        (``add_fused_lm_head``), so a forward patched at each other temperature is made once and swapped in."""
+        if temperature is None or temperature <= 0 or temperature == self.args.temperature:
+            yield
+            return
+        target = model.get_base_model() if hasattr(model, "get_base_model") else model
+        before = target.__dict__.get("forward")
+        key = (id(target), temperature)
+        if key not in self._forwards:
+            target.__dict__.pop("forward", None)
+            add_fused_lm_head(target, temperature=temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
+                              outputs=("log_probs", "entropy"))
+            self._forwards[key] = target.__dict__["forward"]
+        target.__dict__["forward"] = self._forwards[key]
+        try:
+            yield
+        finally:
+            if before is None:
+                target.__dict__.pop("forward")
+            else:
+                target.__dict__["forward"] = before
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate ``loss`` as TRL's accelerator does (loss scaling under fp16)."""

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, TrainerCallback
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.config.team import policy_model
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.generation import Sampling
 from marl_cli.tracking.console import draws_bars
@@ -133,11 +134,13 @@ def warm_start(policy: Policy, data: Dataset, cfg: Any, output_dir: Path, seed: 
             "steps": float(result.global_step)}
 
 
-def warm_start_key(cfg: DictConfig, roles: list[str], data: Dataset) -> str:
-    """What decides a warm start's weights: the model, env (but its eval size), workflow, warm-start
-    settings, its seed (``init_seed``), the roles, the demonstrations themselves (so a changed prompt or
-    oracle in the code is a new entry) and the versions of the libraries that train on them."""
+def warm_start_key(cfg: DictConfig, roles: list[str], data: Dataset, model_cfg: Any = None) -> str:
+    """What decides a warm start's weights: the model (``model_cfg``, default the run's), env (but its eval size),
+    workflow, warm-start settings, its seed (``init_seed``), the roles, the demonstrations themselves (so a changed
+    prompt or oracle in the code is a new entry) and the versions of the libraries that train on them."""
     parts: dict[str, Any] = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "env", "workflow")}
+    if model_cfg is not None:
+        parts["model"] = OmegaConf.to_container(model_cfg, resolve=True)
     parts["env"].pop("eval_size", None)
     parts["warmstart"] = {k: v for k, v in OmegaConf.to_container(cfg.trainer.warmstart, resolve=True).items()
                           if k != "cache"}
@@ -148,7 +151,7 @@ def warm_start_key(cfg: DictConfig, roles: list[str], data: Dataset) -> str:
 
 
 def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, output_dir: Path,
-                      world: World | None = None) -> dict[str, float]:
+                      world: World | None = None, model_cfg: Any = None) -> dict[str, float]:
     """``warm_start`` for ``policy``, reusing the weights of an identical warm start in ``trainer.warmstart.cache``.
 
     Runs of one sweep that warm-start the same way (the rows of a table that differ only after the
@@ -160,7 +163,7 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
     """
     world = world or World()
     ws = cfg.trainer.warmstart
-    sampling = sampling_from(cfg.rollout, cfg.model, cfg.rollout.temperature)
+    sampling = sampling_from(cfg)
     seed = init_seed(cfg)  # a pinned warm-start seed draws its demonstrations from its own tasks
 
     def draw() -> Dataset:
@@ -173,7 +176,7 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
     data = draw() if world.main else None
     with ExitStack() as held:
         if world.main:
-            key = warm_start_key(cfg, policy.roles, data)
+            key = warm_start_key(cfg, policy.roles, data, model_cfg)
             entry = root / key
             root.mkdir(parents=True, exist_ok=True)
             lock = held.enter_context((root / f"{key}.lock").open("a"))
@@ -197,24 +200,32 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
 
 def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictConfig, run_dir: Path,
                    world: World | None = None) -> dict[str, float]:
-    """Warm-start every policy; return the ``warmstart/<policy>/...`` metrics.
+    """Warm-start every policy; return the ``warmstart/<name>/...`` metrics.
 
-    With ``trainer.warmstart.shared_base`` (default) and several policies, one model is warm-started on
-    the demonstrations of every role and each policy starts as a copy of it, as every policy of the
-    papers starts from one pre-trained model; otherwise each policy learns its own roles' demonstrations.
+    With ``trainer.warmstart.shared_base`` (default), the policies that start from one model config (all of them
+    unless ``policy.models`` gives some their own) warm-start one model on the demonstrations of all their roles
+    (``base``; ``base_<policy>`` per group in a team of different models), and each starts as a copy of it, as
+    every policy of the papers starts from one pre-trained model; otherwise each policy learns its own roles'
+    demonstrations. Under ``trainer.swap_roles_every`` every policy will act for every role, so learns them all.
     """
-    if cfg.trainer.warmstart.shared_base and len(policies) > 1:
-        first, *others = policies.values()
-        roles = [role for p in policies.values() for role in p.roles]
-        base = Policy("base", first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
-        stats = cached_warm_start(base, workflow, cfg, run_dir / "warmstart" / "base", world)
-        first.mark_updated()  # the base trained first's model
-        for policy in others:
-            policy.model.load_state_dict(first.model.state_dict())
-            policy.mark_updated()
-        return {f"warmstart/base/{k}": v for k, v in stats.items()}
-    metrics = {}
+    groups: dict[str, list[Policy]] = {}
+    models = {name: policy_model(cfg, name) for name in policies}
     for name, policy in policies.items():
-        stats = cached_warm_start(policy, workflow, cfg, run_dir / "warmstart" / name, world)
-        metrics.update({f"warmstart/{name}/{k}": v for k, v in stats.items()})
+        key = json.dumps(OmegaConf.to_container(models[name], resolve=True), sort_keys=True)
+        groups.setdefault(key, []).append(policy)
+    shared = cfg.trainer.warmstart.shared_base
+    metrics = {}
+    for members in groups.values():
+        parts = [members] if shared else [[p] for p in members]
+        for first, *others in parts:
+            name = first.name if not others else "base" if len(groups) == 1 else f"base_{first.name}"
+            roles = list(workflow.roles) if cfg.trainer.swap_roles_every else \
+                [role for p in (first, *others) for role in p.roles]
+            learner = Policy(name, first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
+            stats = cached_warm_start(learner, workflow, cfg, run_dir / "warmstart" / name, world, models[first.name])
+            first.mark_updated()
+            for policy in others:
+                policy.model.load_state_dict(first.model.state_dict())
+                policy.mark_updated()
+            metrics.update({f"warmstart/{name}/{k}": v for k, v in stats.items()})
     return metrics
