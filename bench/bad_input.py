@@ -27,6 +27,9 @@ SMALL = ["trainer.warmstart.enabled=false", "env.size=4", "env.eval_size=4", "ro
          "progress=false"]
 
 
+TEAM = ["workflow=tool_plan", "algorithm=at_grpo", "policy=per_role"]
+
+
 @dataclass
 class Case:
     """One bad input: the ``marl`` arguments and what the answer must show."""
@@ -82,6 +85,18 @@ def cases(work: Path) -> list[Case]:
         Case("`device=mps` without MPS", ["train", "device=mps"]),
         Case("`trainer.resume=/no/such/run`", ["train", "trainer.resume=/no/such/run"]),
         Case("`marl eval load=/no/such/run`", ["eval", "load=/no/such/run"]),
+        Case("per-policy setting for a policy the run lacks",
+             ["train", *TEAM, "+policy.trainers.planner.learning_rate=1e-4"]),
+        Case("per-role key no schema knows `rollout.roles.plan.temprature`",
+             ["train", *TEAM, "+rollout.roles.plan.temprature=0.6"]),
+        Case("per-policy key that is the run's `policy.trainers.plan.steps`",
+             ["train", *TEAM, "+policy.trainers.plan.steps=3"]),
+        Case("every policy frozen", ["train", *TEAM, "policy.frozen=[tool,plan]"]),
+        Case("alternating with one trainable policy",
+             ["train", *TEAM, "policy.frozen=[tool]", "trainer.alternate_every=5"]),
+        Case("a shared policy given two models",
+             ["train", *TEAM, "policy=shared", "+policy.models.tool.tiny.num_hidden_layers=2",
+              "+policy.models.plan.tiny.num_hidden_layers=4"]),
         Case("sweep value `rollout.tasks_per_step=2,-1,3`", ["train", "-m", "rollout.tasks_per_step=2,-1,3"]),
         Case("sweep job failing late `env.holes=99,4`", ["train", "-m", "experiment=null", *SMALL, "trainer.steps=0",
                                                          "env=sudoku",
