@@ -271,6 +271,8 @@ class PolicyConfig:
     # policy name -> what its update changes from `trainer` (learning_rate, loss_type, ...: config.team.TRAINER_KEYS)
     trainers: dict[str, Any] = field(default_factory=dict)
     frozen: list[str] = field(default_factory=list)  # policies that act but never update (weights, optimiser state)
+    # role -> a registered scripted actor that acts for it instead of a model (oracle, empty: rollout.scripted.ACTORS)
+    scripted: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
 from marl_cli.config.team import check_team
+from marl_cli.rollout.scripted import check_scripted, scripted_roles
 
 LORA_BASE = "lora_base"
 """Where an adapter regime keeps its frozen (warm-started) base model, under the run dir."""
@@ -44,13 +45,15 @@ def uses_adapters(policy_cfg: Any) -> bool:
 
 
 def assign_roles(policy_cfg: Any, roles: list[str]) -> dict[str, str]:
-    """Map each role to the name of the policy it acts through."""
+    """Map each role a model acts for to the name of the policy it acts through (a scripted role,
+    ``policy.scripted``, is no policy's: ``rollout.scripted``)."""
     regime = REGIMES.get(policy_cfg.name)
     explicit = dict(policy_cfg.assignment or {})
     unknown = sorted(set(explicit) - set(roles))
     if unknown:
         raise ConfigError(f"policy.assignment names roles {unknown} that the workflow lacks; roles: {roles}")
-    return {role: explicit.get(role, regime.policy_of(role)) for role in roles}
+    scripted = scripted_roles(policy_cfg)
+    return {role: explicit.get(role, regime.policy_of(role)) for role in roles if role not in scripted}
 
 
 def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
@@ -90,8 +93,10 @@ def check_adapters(cfg: Any) -> None:
 
 
 def check_regime(cfg: Any) -> None:
-    """Every regime's rules: the role→policy map (``policy.assignment``), decoupled trainers' setup, the team's
-    per-policy settings and schedule (``config.team.check_team``) and, for a regime of adapters, ``check_adapters``."""
+    """Every regime's rules: the scripted roles (``rollout.scripted.check_scripted``), the role→policy map
+    (``policy.assignment``), decoupled trainers' setup, the team's per-policy settings and schedule
+    (``config.team.check_team``) and, for a regime of adapters, ``check_adapters``."""
+    check_scripted(cfg)
     role_map = assign_roles(cfg.policy, list(cfg.workflow.roles))
     sub_roles(cfg, role_map)
     check_team(cfg, role_map, uses_adapters(cfg.policy))

@@ -13,7 +13,8 @@ of an episode (M-GRPO's) are written into its rows by ``workflow.settle`` once i
 Batching: in each stage of a turn, the prompts of all live episodes × candidates × roles that act
 through the same policy go to that policy in one generate call (more only when they exceed the
 rollout batch size). Calls per stage therefore equal the number of policies acting in it,
-whatever the number of tasks.
+whatever the number of tasks. A scripted role (routed to ``scripted:<actor>``, ``rollout/scripted.py``)
+answers through its actor instead, with no generate call and rows without token ids.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from marl_cli.policies.regime import Policy
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.generation import Generation, Sampling
 from marl_cli.rollout.samples import Sample
+from marl_cli.rollout.scripted import scripted_actor
 from marl_cli.workflows.base import Outcome, TeamState, Workflow
 
 MODES = ("independent", "tree")
@@ -162,15 +164,21 @@ class Rollout:
     def _generate_stage(self, stage: list[str], live: list[Episode],
                         candidates: int) -> dict[str, dict[tuple[int, int], list[Generation]]]:
         """Generate for every role of the stage that is acting, one batched call per policy (per policy and role
-        sampling when roles of one policy sample differently or have different system messages); results by role
-        and episode."""
+        sampling when roles of one policy sample differently or have different system messages), a scripted role's
+        answers from its actor (no call, no token ids); results by role and episode."""
         workflow, sampling = self.workflow, self.sampling
         by_policy: dict[tuple[str, str], list[tuple[str, Episode]]] = defaultdict(list)
-        for role in stage:  # roles of one policy share a call unless they sample differently
-            for ep in live:
-                if workflow.acting(role, ep.state):
-                    by_policy[self.routing[role], sampling.key(role)].extend([(role, ep)] * candidates)
         out: dict[str, dict[tuple[int, int], list[Generation]]] = {role: defaultdict(list) for role in stage}
+        for role in stage:  # roles of one policy share a call unless they sample differently
+            actor = scripted_actor(self.routing[role])
+            for ep in live:
+                if not workflow.acting(role, ep.state):
+                    continue
+                if actor is not None:
+                    out[role][ep.task, ep.branch] += [Generation([], [], actor(workflow, role, ep.state))
+                                                      for _ in range(candidates)]
+                else:
+                    by_policy[self.routing[role], sampling.key(role)].extend([(role, ep)] * candidates)
         for (name, _), items in by_policy.items():
             prompts = [workflow.prompt(role, ep.state) for role, ep in items]
             gens = self.generator.generate(self.policies[name], prompts, sampling.for_role(items[0][0]))

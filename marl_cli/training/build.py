@@ -34,6 +34,7 @@ from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.engine import Rollout, RolloutResult
 from marl_cli.rollout.generation import Sampling
+from marl_cli.rollout.scripted import NoTokens, is_scripted, scripted_routing
 from marl_cli.sandbox import Sandbox
 from marl_cli.training.checkpoint import latest_checkpoint
 from marl_cli.training.distributed import World, play_shared
@@ -168,7 +169,8 @@ class Run:
     Args:
         cfg: the checked run config.
         run_dir: where the run writes (the tiny model's initial weights too).
-        role_map: role → the policy it acts through (computed once per run, by ``build_run``).
+        role_map: role → the policy it acts through (computed once per run, by ``build_run``); a scripted role
+            (``policy.scripted``) has none, and is routed to its actor (``scripted:<actor>``) only.
         rollout: the team, the policies as routed now, the generation backend and the sampling settings.
         source: where the policies were loaded from.
         world: the processes training the run together (``training/distributed.py``).
@@ -207,11 +209,14 @@ class Run:
     def play(self, tasks: Sequence[Any], play: Callable[[list[Any]], RolloutResult]) -> RolloutResult:
         """``play`` this process's share of ``tasks`` and gather every process's result (``play_shared``), once the
         rollout backend has started what the policies acting now need (every process at once)."""
-        self.generator.start([self.policies[name] for name in dict.fromkeys(self.routing.values())])
+        self.generator.start([self.policies[name] for name in dict.fromkeys(self.routing.values())
+                              if not is_scripted(name)])
         return play_shared(self.world, tasks, play)
 
     def tokenizers(self) -> dict[str, Any]:
-        return {name: p.tokenizer for name, p in self.policies.items()}
+        """Each policy's tokenizer by name (a scripted role's pseudo-policy: ``NoTokens``, its rows have no ids)."""
+        scripted = {name: NoTokens() for name in self.routing.values() if is_scripted(name)}
+        return {**scripted, **{name: p.tokenizer for name, p in self.policies.items()}}
 
     @property
     def adapters_pending(self) -> bool:
@@ -223,7 +228,7 @@ class Run:
         adapter dirs by policy name (a resume); every role acts through its own adapter from then on."""
         policies = attach_adapters(self.policies[LORA_BASE], self.role_map, self.cfg.policy, self.run_dir, saved)
         self.rollout.policies = policies
-        self.rollout.routing = routing(self.role_map, policies)
+        self.rollout.routing = {**self.rollout.routing, **routing(self.role_map, policies)}  # scripted roles stay
 
 
 def build_run(cfg: DictConfig, run_dir: Path) -> Run:
@@ -231,7 +236,7 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
 
     The policies load from where the config says (``PolicySource.of``: a resume's checkpoint, ``trainer.init_from``,
     ``marl eval``'s ``load=``, else ``cfg.model``); a decoupled sub trainer (``trainer.role=sub``) builds only its
-    roles' policies.
+    roles' policies, and a scripted role (``policy.scripted``) gets none: its actor acts for it.
     """
     check_config(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +251,7 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     mine = sub_roles(cfg, role_map) if OmegaConf.select(cfg, "trainer.role") == "sub" else role_map
     owned = {r: p for r, p in role_map.items() if r in mine}
     policies = source.load(cfg, run_dir, owned, device)
-    rollout = Rollout(workflow, policies, routing(role_map, policies), BACKENDS.get(cfg.rollout.backend)(cfg),
-                      sampling_from(cfg), sampling_from(cfg, evaluation=True),
+    rollout = Rollout(workflow, policies, {**routing(role_map, policies), **scripted_routing(cfg.policy)},
+                      BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg), sampling_from(cfg, evaluation=True),
                       cfg.algorithm.mode, cfg.algorithm.selection)
     return Run(cfg, run_dir, role_map, rollout, source, World.current())

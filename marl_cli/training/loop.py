@@ -164,7 +164,7 @@ class Trainer:
         """One RL step: this step's rows, advantages, one update per trained policy; its metrics and rows as trained."""
         t0 = time.perf_counter()
         if self.schedule.swap_every:
-            self.run.rollout.routing = self.schedule.routing(self.run.role_map, step)
+            self.run.rollout.routing = {**self.run.routing, **self.schedule.routing(self.run.role_map, step)}
         samples, rollouts, metrics = self.source.rows(step, self.rng)
         self.run.generator.release()
         t_rollout = time.perf_counter() - t0

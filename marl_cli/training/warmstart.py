@@ -206,7 +206,8 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
     unless ``policy.models`` gives some their own) warm-start one model on the demonstrations of all their roles
     (``base``; ``base_<policy>`` per group in a team of different models), and each starts as a copy of it, as
     every policy of the papers starts from one pre-trained model; otherwise each policy learns its own roles'
-    demonstrations. Under ``trainer.swap_roles_every`` every policy will act for every role, so learns them all.
+    demonstrations. Under ``trainer.swap_roles_every`` every policy will act for every role, so learns them all (but
+    the scripted ones, ``policy.scripted``: no policy acts for them, and none learns their demonstrations).
     """
     groups: dict[str, list[Policy]] = {}
     models = {name: policy_model(cfg, name) for name in policies}
@@ -219,7 +220,7 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
         parts = [members] if shared else [[p] for p in members]
         for first, *others in parts:
             name = first.name if not others else "base" if len(groups) == 1 else f"base_{first.name}"
-            roles = list(workflow.roles) if cfg.trainer.swap_roles_every else \
+            roles = [r for r in workflow.roles if r not in cfg.policy.scripted] if cfg.trainer.swap_roles_every else \
                 [role for p in (first, *others) for role in p.roles]
             learner = Policy(name, first.model, first.tokenizer, first.source, roles, compute_dtype=first.compute_dtype)
             stats = cached_warm_start(learner, workflow, cfg, run_dir / "warmstart" / name, world, models[first.name])
