@@ -1,16 +1,20 @@
 """The ``vllm`` rollout backend: vLLM engines colocated in this process, kept in sync with the learner.
 
 One engine per full-model policy (``shared``: one; ``per_role``: one per role's model; ``lora_per_role``:
-one engine on the frozen base, each role's adapter a LoRA request). Before each
+one engine on the frozen base, each role's adapter a LoRA request), each started from its policy's own source,
+so a team of different models (``policy.models``) gets engines of different architectures, tokenizers, dtypes
+and context lengths. Before each
 generate call the generator compares the policy's weights' fingerprint with what the engine last received
 (``fingerprint``: the policy's update count, bumped by every optimiser step, warm start, checkpoint load
 and decoupled weight exchange, and torch's in-place version counter of every parameter) and pushes the
 learner's weights into the engine when anything changed: no caller has to remember to sync. Completions
 come back as the ``hf`` backend returns them: the prompt as the model saw it (left-truncated to
 ``max_prompt_length``), the completion token for token up to and including its first end token, and the
-sampler's log-probability of every sampled token after temperature, top-k and top-p
+sampler's log-probability of every sampled token after temperature, min-p, top-k and top-p
 (``logprobs_mode=processed_logprobs``), which is what the learner's log-probabilities are checked against
-(``train/<policy>/logprob_gap/*``).
+(``train/<policy>/logprob_gap/*``). Each call samples as its role does (``Sampling.for_role``: temperature,
+top-k, top-p, min-p, new tokens, stop strings), and a completion that meets a stop string is cut where the
+``hf`` backend cuts it (``as_sampled``).
 """
 
 from __future__ import annotations
@@ -64,9 +68,11 @@ class VLLMGenerator:
 
     Args:
         settings: ``rollout.vllm`` (memory share, tensor-parallel size, sleep mode, KV cache on CPU).
-        dtype: the engines' dtype (``model.dtype``).
-        max_model_len: the longest sequence an engine serves (prompt limit + new tokens) unless
-            ``rollout.vllm.max_model_len`` says otherwise.
+        dtype: the engines' dtype (``model.dtype``) where a policy has no compute dtype of its own (each engine
+            runs its policy's: ``policy.models.<policy>.dtype``).
+        max_model_len: the longest sequence an engine serves (prompt limit + the longest completion any role
+            samples; its model's ``max_position_embeddings`` at most) unless ``rollout.vllm.max_model_len`` says
+            otherwise.
         seed: the engines' sampling seed (each process of a multi-process run adds its rank).
         lora_rank: the adapters' rank (``policy.lora_r``) under an adapter regime, else None.
         max_loras: how many adapters one batch may mix (the regime's policies).
@@ -149,9 +155,11 @@ class VLLMGenerator:
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         start = time.perf_counter()
         longest = getattr(policy.model.config, "max_position_embeddings", None) or self.max_model_len
+        max_model_len = min(self.max_model_len, longest)
+        dtype = str(policy.compute_dtype).removeprefix("torch.") if policy.compute_dtype else self.dtype
         try:
-            engine = vllm.LLM(model=policy.source, tokenizer=policy.source, dtype=self.dtype, seed=self.seed,
-                              max_model_len=min(self.max_model_len, longest),
+            engine = vllm.LLM(model=policy.source, tokenizer=policy.source, dtype=dtype, seed=self.seed,
+                              max_model_len=max_model_len,
                               gpu_memory_utilization=s.gpu_memory_utilization,
                               tensor_parallel_size=s.tensor_parallel_size, enable_sleep_mode=s.enable_sleep_mode,
                               enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs",
@@ -163,8 +171,8 @@ class VLLMGenerator:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
             first = next((line for line in lines if line.startswith("Value error,")), lines[0])
             raise ConfigError(f"rollout=vllm could not run {policy.source}: {first}") from exc
-        log.info("vllm: engine for policy %s (%s) started in %.1f s", policy.name, policy.source,
-                 time.perf_counter() - start)
+        log.info("vllm: engine for policy %s (%s, %s, max_model_len %d) started in %.1f s", policy.name,
+                 policy.source, dtype, max_model_len, time.perf_counter() - start)
         return engine
 
     def _lora_args(self) -> dict[str, Any]:
@@ -189,18 +197,29 @@ class VLLMGenerator:
         engine = self.engine(policy)
         prompt_ids, truncated = encode_prompts(policy, prompts, sampling)
         ends = end_token_ids(policy)
-        greedy = sampling.temperature <= 0
-        params = vllm.SamplingParams(
-            temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
-            top_k=0 if greedy else sampling.top_k, max_tokens=sampling.max_new_tokens, stop_token_ids=ends,
-            logprobs=0, detokenize=False)
-        outputs = engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params,
-                                  use_tqdm=False, lora_request=self.lora_request(policy))
+        outputs = engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+                                  sampling_params(vllm, sampling, ends), use_tqdm=False,
+                                  lora_request=self.lora_request(policy))
         self.calls += 1
         results = []
         for ids, cut, out in zip(prompt_ids, truncated, outputs, strict=True):
             sample = out.outputs[0]
             tokens = list(sample.token_ids)
             logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], tokens, strict=False)]
-            results.append(as_sampled(policy, ids, tokens, logprobs, cut, ends))
+            results.append(as_sampled(policy, ids, tokens, logprobs, cut, ends, sampling.stop))
         return results
+
+
+def sampling_params(vllm: Any, sampling: Sampling, ends: list[int]) -> Any:
+    """vLLM's ``SamplingParams`` for ``sampling`` (one role's: ``Sampling.for_role``): its temperature (0: greedy,
+    every filter off), top-k, top-p, min-p and new-token budget, stopping at the end tokens and after the token that
+    completes a stop string. Stop strings are matched on the detokenized text, so only they turn detokenizing on;
+    the completion is cut again by ``as_sampled`` (as the ``hf`` backend cuts its own), so both keep the same
+    tokens."""
+    greedy = sampling.temperature <= 0
+    stops = list(sampling.stop)
+    return vllm.SamplingParams(
+        temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+        top_k=0 if greedy else sampling.top_k, min_p=0.0 if greedy else sampling.min_p,
+        max_tokens=sampling.max_new_tokens, stop_token_ids=ends, stop=stops or None,
+        include_stop_str_in_output=bool(stops), logprobs=0, detokenize=bool(stops))
