@@ -289,8 +289,12 @@ IDENTITY = ("model", "env", "workflow", "algorithm", "policy", "seed")
 
 
 def _differences(saved: Any, now: Any, path: str) -> Iterator[str]:
+    """The keys under ``path`` whose value differs; a key the saved config lacks (one a later marl added) is
+    unchanged while it is left empty."""
     if isinstance(saved, dict) and isinstance(now, dict):
         for key in sorted(set(saved) | set(now)):
+            if key not in saved and now[key] in (None, {}, []):
+                continue
             yield from _differences(saved.get(key), now.get(key), f"{path}.{key}")
     elif saved != now:
         yield f"{path} ({saved!r} -> {now!r})"

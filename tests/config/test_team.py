@@ -108,3 +108,12 @@ def test_a_frozen_team_with_no_steps_is_an_evaluation_setup():
     register_configs()
     check_overrides("train", [*TEAM, "policy.frozen=[tool,plan]", "trainer.steps=0"])
     assert OmegaConf.select(train_config(*TEAM), "policy.models") == {}
+
+
+def test_a_run_saved_before_the_team_keys_existed_still_resumes():
+    from marl_cli.config.validate import _differences
+
+    saved = {"name": "per_role", "assignment": {}}
+    assert list(_differences(saved, {**saved, "models": {}, "frozen": [], "scripted": {}}, "policy")) == []
+    assert list(_differences(saved, {**saved, "models": {"tool": {"dtype": "bfloat16"}}}, "policy")) == [
+        "policy.models (None -> {'tool': {'dtype': 'bfloat16'}})"]

@@ -89,4 +89,5 @@ def test_a_policy_waiting_for_its_turn_keeps_its_weights_and_optimiser_state(tmp
         for key, slot in old["optimizer"]["state"].items():
             assert all(torch.equal(v, new["optimizer"]["state"][key][n]) for n, v in slot.items())
     assert not states[1]["observer"]["optimizer"]["state"]  # not its turn yet
-    assert states[3]["pioneer"]["scheduler"]["last_epoch"] == 2 and states[3]["observer"]["scheduler"]["last_epoch"] == 1
+    assert states[3]["pioneer"]["scheduler"]["last_epoch"] == 2  # its steps 1 and 3
+    assert states[3]["observer"]["scheduler"]["last_epoch"] == 1  # its step 2
