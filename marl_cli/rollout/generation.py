@@ -4,7 +4,7 @@ What comes back is exactly what was sampled: the prompt as the model saw it (a p
 ``max_prompt_length`` keeps its end, as TRL does), and the completion token for token up to and
 including the first end token (every end token the model's generation config names, plus the
 tokenizer's EOS), or all ``max_new_tokens`` when none came. With each completion come the sampler's
-log-probabilities of its tokens, taken from the logits after temperature, top-k and top-p, which is
+log-probabilities of its tokens, taken from the logits after temperature, min-p, top-k and top-p, which is
 what the learner's log-probabilities are checked against. A prompt that several rows share (a group's K
 samples) is prefilled once (``rollout/prefix.py``), at the learner's positions, and decoding appends to a
 key/value cache that grows in place (``rollout/growing_cache.py``).
@@ -235,10 +235,10 @@ def _warpers(sampling: Sampling) -> list[LogitsProcessor]:
     if sampling.temperature <= 0:
         return []
     warpers: list[LogitsProcessor] = [TemperatureLogitsWarper(sampling.temperature)]
+    if sampling.min_p > 0.0:  # before top-k and top-p, as vLLM applies it: both backends keep the same tokens
+        warpers.append(MinPLogitsWarper(sampling.min_p))
     if sampling.top_k:
         warpers.append(TopKLogitsWarper(sampling.top_k))
     if sampling.top_p < 1.0:
         warpers.append(TopPLogitsWarper(sampling.top_p))
-    if sampling.min_p > 0.0:
-        warpers.append(MinPLogitsWarper(sampling.min_p))
     return warpers
