@@ -188,14 +188,17 @@ class Rollout:
 
 
 def row_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
-    """Per-agent reward, success, format-failure rate, completion length (mean, max), the share of
-    completions that ended with an end token (the rest hit ``max_new_tokens``) and truncated prompts."""
+    """Per-agent reward (and own reward where the team shares one), success, format-failure rate, completion
+    length (mean, max), the share of completions that ended with an end token (the rest hit ``max_new_tokens``)
+    and truncated prompts."""
     metrics: dict[str, float] = {}
     by_role: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by_role[s.role].append(s)
     for role, rows in by_role.items():
         metrics[f"{prefix}/{role}/reward"] = sum(s.reward for s in rows) / len(rows)
+        if all("own" in s.info for s in rows):  # a reward shared by the team (CORY's): each agent's own beside it
+            metrics[f"{prefix}/{role}/own_reward"] = sum(s.info["own"] for s in rows) / len(rows)
         metrics[f"{prefix}/{role}/success"] = sum(s.success for s in rows) / len(rows)
         metrics[f"{prefix}/{role}/format_failure"] = sum(not s.format_ok for s in rows) / len(rows)
         metrics[f"{prefix}/{role}/completion_tokens"] = sum(len(s.completion_ids) for s in rows) / len(rows)

@@ -8,8 +8,9 @@ from omegaconf import OmegaConf
 from marl_cli.config.schema import ModelConfig, PlanPathConfig, SandboxConfig, WorkflowConfig
 from marl_cli.envs.plan_path import PlanPathEnv
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.engine import Rollout, rollout_metrics, select
+from marl_cli.rollout.engine import Rollout, rollout_metrics, row_metrics, select
 from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
+from marl_cli.rollout.samples import Sample
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows.single_agent import SingleAgentWorkflow
 from marl_cli.workflows.tool_plan import ToolPlanWorkflow
@@ -177,3 +178,12 @@ def test_system_prompts_and_template_kwargs_reach_the_prompt(tmp_path):
     assert policy.tokenizer.decode(ids[0]) == "[system]Be brief.[user]go[nothink][assistant]"
     ids, _ = encode_prompts(policy, ["go"], sampling.for_role("other"))
     assert policy.tokenizer.decode(ids[0]) == "[user]go[nothink][assistant]"
+
+
+def test_a_shared_reward_is_reported_beside_each_agents_own():
+    rows = [Sample(0, b, 0, role, role, [1], [2], reward=1.5, info={"own": own})
+            for b, (role, own) in enumerate([("pioneer", 0.5), ("observer", 1.0), ("pioneer", 1.5)])]
+    metrics = row_metrics(rows, "train")
+    assert metrics["train/pioneer/reward"] == metrics["train/observer/reward"] == 1.5
+    assert (metrics["train/pioneer/own_reward"], metrics["train/observer/own_reward"]) == (1.0, 1.0)
+    assert "train/solo/own_reward" not in row_metrics([Sample(0, 0, 0, "solo", "s", [1], [2], 1.0)], "train")
