@@ -27,7 +27,8 @@ def test_group_options_without_schemas_and_experiments_folder_by_folder():
     assert query("marl train env=") == [f"env={e}" for e in ("code", "math", "plan_path", "research", "sokoban",
                                                             "sudoku")]
     assert query("marl train rollout=") == ["rollout=hf", "rollout=vllm"]
-    assert query("marl train experiment=") == ["experiment=embedded", "experiment=paper/", "experiment=toy/"]
+    assert query("marl train experiment=") == ["experiment=cory/", "experiment=embedded", "experiment=hetero/",
+                                              "experiment=paper/", "experiment=toy/"]
     assert query("marl train experiment=toy/ta") == ["experiment=toy/table/"]
     assert query("marl eval experiment=toy/table/plan_path_at") == [
         "experiment=toy/table/plan_path_at_grpo_per_role", "experiment=toy/table/plan_path_at_grpo_shared"]
