@@ -196,7 +196,7 @@ def check_run(cfg: DictConfig) -> None:
     if local and not Path(source).expanduser().exists():
         raise ConfigError(f"model.name_or_path={source}: no such directory (a hub id looks like org/name)")
     roles = list(cfg.workflow.roles)
-    for key in ("trainer.frozen_roles", "model.system_prompts"):
+    for key in ("trainer.frozen_roles", "model.system_prompts", "rollout.roles", "eval.roles"):
         unknown = sorted(set(OmegaConf.select(cfg, key)) - set(roles))
         if unknown:
             raise ConfigError(f"{key} names roles {unknown} that the workflow lacks; roles: {roles}")

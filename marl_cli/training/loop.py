@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.team import Schedule, policy_trainer
-from marl_cli.policies.regime import checkpoint_adapters
+from marl_cli.policies.regime import Policy, checkpoint_adapters
 from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
 from marl_cli.rollout.samples import Sample
@@ -134,7 +134,7 @@ class Trainer:
         if not fresh:
             self.restore(self.checkpoint)
 
-    def policy_trainer(self, name: str, policy: Any) -> PolicyTrainer:
+    def policy_trainer(self, name: str, policy: Policy) -> PolicyTrainer:
         """The TRL trainer of policy ``name``: ``trainer`` with its ``policy.trainers.<name>`` changes, its
         learning-rate schedule as long as the steps it trains (``Schedule.steps_of``), its rows scored at the
         temperature each was sampled at (its first role's where a row does not say) and ``dr_grpo``'s length its

@@ -138,9 +138,9 @@ def warm_start_key(cfg: DictConfig, roles: list[str], data: Dataset, model_cfg: 
     """What decides a warm start's weights: the model (``model_cfg``, default the run's), env (but its eval size),
     workflow, warm-start settings, its seed (``init_seed``), the roles, the demonstrations themselves (so a changed
     prompt or oracle in the code is a new entry) and the versions of the libraries that train on them."""
-    parts: dict[str, Any] = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "env", "workflow")}
-    if model_cfg is not None:
-        parts["model"] = OmegaConf.to_container(model_cfg, resolve=True)
+    parts: dict[str, Any] = {k: OmegaConf.to_container(node, resolve=True) for k, node in
+                             (("model", cfg.model if model_cfg is None else model_cfg), ("env", cfg.env),
+                              ("workflow", cfg.workflow))}
     parts["env"].pop("eval_size", None)
     parts["warmstart"] = {k: v for k, v in OmegaConf.to_container(cfg.trainer.warmstart, resolve=True).items()
                           if k != "cache"}
