@@ -15,18 +15,27 @@ sampler's log-probability of every sampled token after temperature, min-p, top-k
 (``train/<policy>/logprob_gap/*``). Each call samples as its role does (``Sampling.for_role``: temperature,
 top-k, top-p, min-p, new tokens, stop strings), and a completion that meets a stop string is cut where the
 ``hf`` backend cuts it (``as_sampled``).
+
+The engines run in this process and, without per-request seeds, sample from torch's default generator of their
+device, as the ``hf`` backend does; starting an engine (which seeds every generator and samples a probe token)
+leaves those generators as they were (``generators_kept``), so the checkpoint's generator states decide what a
+resumed run samples, whenever its engines start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from marl_cli.config.errors import ConfigError
@@ -123,6 +132,8 @@ class VLLMGenerator:
             start = time.perf_counter()
             self.engines[key].collective_rpc("reload_weights", kwargs={
                 "weights_iterator": [(name, tensor.detach()) for name, tensor in weights]})
+            # cached prompt blocks hold keys and values the old weights computed
+            self.engines[key].reset_prefix_cache()
             self.synced[key] = state
             self.syncs += 1
             log.debug("vllm: synced %s's weights (%.2f s)", policy.name, time.perf_counter() - start)
@@ -158,15 +169,16 @@ class VLLMGenerator:
         max_model_len = min(self.max_model_len, longest)
         dtype = str(policy.compute_dtype).removeprefix("torch.") if policy.compute_dtype else self.dtype
         try:
-            engine = vllm.LLM(model=policy.source, tokenizer=policy.source, dtype=dtype, seed=self.seed,
-                              max_model_len=max_model_len,
-                              gpu_memory_utilization=s.gpu_memory_utilization,
-                              tensor_parallel_size=s.tensor_parallel_size, enable_sleep_mode=s.enable_sleep_mode,
-                              enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs",
-                              enable_prefix_caching=s.enable_prefix_caching, **self.launcher, **self._lora_args())
-            # one token through the model: kernels that do not support it fail here, not mid-rollout
-            engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])], vllm.SamplingParams(max_tokens=1),
-                            use_tqdm=False)
+            with generators_kept():  # the engine seeds every generator and samples a token
+                engine = vllm.LLM(model=policy.source, tokenizer=policy.source, dtype=dtype, seed=self.seed,
+                                  max_model_len=max_model_len,
+                                  gpu_memory_utilization=s.gpu_memory_utilization,
+                                  tensor_parallel_size=s.tensor_parallel_size, enable_sleep_mode=s.enable_sleep_mode,
+                                  enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs",
+                                  enable_prefix_caching=s.enable_prefix_caching, **self.launcher, **self._lora_args())
+                # one token through the model: kernels that do not support it fail here, not mid-rollout
+                engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])], vllm.SamplingParams(max_tokens=1),
+                                use_tqdm=False)
         except (ValueError, RuntimeError, OSError) as exc:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
             first = next((line for line in lines if line.startswith("Value error,")), lines[0])
@@ -208,6 +220,17 @@ class VLLMGenerator:
             logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], tokens, strict=False)]
             results.append(as_sampled(policy, ids, tokens, logprobs, cut, ends, sampling.stop))
         return results
+
+
+@contextlib.contextmanager
+def generators_kept() -> Iterator[None]:
+    """Python's, numpy's and torch's default generators (this process's accelerator's too) as they were before."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(python)
+    np.random.set_state(numpy)
 
 
 def sampling_params(vllm: Any, sampling: Sampling, ends: list[int]) -> Any:

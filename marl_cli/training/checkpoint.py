@@ -43,7 +43,8 @@ def save_checkpoint(run_dir: Path, step: int, policies: dict[str, Policy], train
     for name, policy in policies.items():
         policy.save(tmp / "policies" / name, (weights or {}).get(name))
     torch.save({"step": step, "trainers": trainer_states, "python_rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(), "extra": extra or {}}, tmp / "state.pt")
+                "torch_rng": torch.get_rng_state(), "extra": extra or {},
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "state.pt")
     (tmp / MANIFEST).write_text(json.dumps(manifest(tmp), indent=1, sort_keys=True))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

@@ -240,6 +240,8 @@ class Trainer:
             trainer.load_state_dict(state["trainers"][name])
         self.rng.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():  # what the GPUs sample with
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.counters.update(state.get("extra", {}))
         self.start = self.step = state["step"]
         dropped = self.tracker.forget_after(self.start)

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.roles import LORA_BASE
@@ -60,6 +61,20 @@ def test_greedy_equals_hf_before_and_after_a_weight_update(run):
     assert _ids(after) != _ids(before)
     run.generator.generate(policy, PROMPTS, GREEDY)
     assert run.generator.syncs == syncs + 1  # unchanged weights are not pushed again
+
+
+def test_a_weight_update_drops_the_prompt_blocks_the_old_weights_cached(run):
+    """Prompts sharing a prefix of several KV-cache blocks: after the weights change, the engine's cached keys and
+    values of that prefix are stale, and greedy answers equal HF's only if they are not reused."""
+    policy = run.policies["plan"]
+    prompts = ["Rules: go from S to G avoiding every #, one move per letter. " * 8 + p for p in PROMPTS[:4]]
+    assert _ids(run.generator.generate(policy, prompts, GREEDY)) == _ids(HFGenerator().generate(policy, prompts,
+                                                                                                 GREEDY))
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.mul_(0.8)
+    assert _ids(run.generator.generate(policy, prompts, GREEDY)) == _ids(HFGenerator().generate(policy, prompts,
+                                                                                                 GREEDY))
 
 
 def _one_update(run, policy, tmp_path) -> None:
@@ -173,6 +188,42 @@ def test_a_team_of_different_models_trains_through_one_engine_each(tmp_path):
     assert max(gaps.values()) <= 1e-3, gaps
     for record in steps:
         assert record["train/tool/learning_rate"] == 3e-3 and record["train/plan/learning_rate"] == 1e-3
+
+
+CORY_TEAM = [*VLLM, "workflow=cory", "algorithm=at_grpo", "algorithm.mode=independent", "policy=per_role",
+             "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=48", "trainer.warmstart.epochs=4",
+             "trainer.warmstart.learning_rate=5e-3", "trainer.warmstart.batch_size=8",
+             "trainer.warmstart.shared_base=false", "+policy.models.pioneer.tiny.num_hidden_layers=2",
+             "+policy.models.pioneer.tiny.hidden_size=64", "+policy.trainers.pioneer.learning_rate=3e-3",
+             "+rollout.roles.pioneer.temperature=1.0", "+rollout.roles.observer.temperature=0.6",
+             "trainer.log_completions_every=1"]
+"""Two agents of different sizes warm-started to answer in the format now and then, so rewards differ within groups
+and both policies take gradient steps."""
+
+
+def _completions(run) -> list[tuple[int, str, str, str]]:
+    return [(r["step"], r["split"], r["role"], r["completion"])
+            for r in map(json.loads, (run / "samples.jsonl").read_text().splitlines())]
+
+
+def test_a_resumed_team_run_samples_and_trains_as_the_uninterrupted_one(tmp_path):
+    """The engines start after the resume restored the generators and leave them as they were (vLLM seeds them and
+    samples a probe token when it starts), so the resumed steps sample the same completions and end on the same
+    weights; the evaluation, on an engine warm since step 1, reads no prompt blocks the old weights cached."""
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    train(train_config(*CORY_TEAM, "trainer.steps=3"), whole)
+    train(train_config(*CORY_TEAM, "trainer.steps=1", "trainer.save_every=1"), part)
+    train(train_config(*CORY_TEAM, "trainer.steps=3", f"trainer.resume={part}"), tmp_path / "unused")
+    resumed = [row for row in _completions(part) if not (row[0] == 1 and row[1] == "eval")]  # the first leg's end
+    assert resumed == _completions(whole) and {row[0] for row in resumed} == {1, 2, 3}
+    moved = False
+    for name in ("pioneer", "observer"):
+        final = load_file(whole / "checkpoints" / "step_000003" / "policies" / name / "model.safetensors")
+        again = load_file(part / "checkpoints" / "step_000003" / "policies" / name / "model.safetensors")
+        first = load_file(part / "checkpoints" / "step_000001" / "policies" / name / "model.safetensors")
+        assert all(torch.equal(final[k], again[k]) for k in final)
+        moved |= any(not torch.equal(final[k], first[k]) for k in final)
+    assert moved  # the steps after the resume trained
 
 
 def test_an_at_grpo_run_trains_through_vllm(tmp_path):
