@@ -34,6 +34,8 @@ def choices(name: str, *values: str) -> type[StrEnum]:
 RolloutMode = choices("RolloutMode", "independent", "tree")
 Selection = choices("Selection", "greedy", "random")
 GroupFilter = choices("GroupFilter", "none", "zero_std")
+TurnCredit = choices("TurnCredit", "immediate", "return")
+NormGroup = choices("NormGroup", "turn", "episode")
 DType = choices("DType", "float32", "bfloat16", "float16")
 LossType = choices("LossType", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """TRL's GRPO loss formulations (``GRPOConfig.loss_type``)."""
@@ -251,8 +253,23 @@ class AlgorithmConfig:
     norm_by_std: bool = True  # False gives the Dr. GRPO form r − mean
     std_eps: float = bounded(1e-6, ge=0.0)  # ε in (r − mean) / (std + ε); 1e-4 gives TRL's advantages
     filter: GroupFilter = GroupFilter.none  # zero_std drops groups whose rewards are all equal
+    # the reward a row's advantage normalises: immediate (its turn's own) | return (its role's discounted
+    # return-to-go in its episode: G_t = r_t + gamma * G_{t+1} over the role's later turns)
+    turn_credit: TurnCredit = TurnCredit.immediate
+    gamma: float = bounded(1.0, ge=0.0, le=1.0)  # turn_credit=return: the discount per turn
+    # the rows a reward is normalised among: turn (same task, turn and role: AT-GRPO's) | episode (same task and
+    # role, every turn; unbiased when the policy decides when an episode ends)
+    norm_group: NormGroup = NormGroup.turn
     align_d: int = bounded(8, ge=1)  # m_grpo: D, sub-trajectories per rollout after alignment (D·K per query)
     aligned_roles: list[str] = field(default_factory=lambda: ["sub"])  # m_grpo: roles aligned to D per rollout
+
+
+@dataclass
+class CreditConfig:
+    """Credit beyond a row's group-relative advantage: none, or a registered method (credit=hicra, credit=igpo)
+    that reshapes the turn rewards before the advantages or the advantages, token by token, after them."""
+
+    name: str = MISSING  # the registered method: none | hicra | igpo (set by the option)
 
 
 @dataclass
@@ -496,6 +513,7 @@ class TrainSchema:
     env: Any = MISSING
     workflow: Any = MISSING
     algorithm: Any = MISSING
+    credit: Any = MISSING
     policy: Any = MISSING
     model: Any = MISSING
     rollout: Any = MISSING
@@ -530,8 +548,9 @@ class ReportSchema:
 
 
 GROUP_SCHEMAS: dict[str, type] = {"env": EnvConfig, "workflow": WorkflowConfig, "algorithm": AlgorithmConfig,
-                                  "policy": PolicyConfig, "model": ModelConfig, "rollout": RolloutConfig,
-                                  "trainer": TrainerConfig, "logger": LoggerConfig, "store": StoreConfig}
+                                  "credit": CreditConfig, "policy": PolicyConfig, "model": ModelConfig,
+                                  "rollout": RolloutConfig, "trainer": TrainerConfig, "logger": LoggerConfig,
+                                  "store": StoreConfig}
 """Each group's generic schema (``<group>/base_<group>``); a registered plug-in adds ``<group>/base_<name>``."""
 
 

@@ -90,7 +90,7 @@ def describe(exc: BaseException) -> str:
 
 PLUGIN_HINT = ("name the plug-in's module or .py file in MARL_PLUGINS (comma-separated) or in the marl.plugins "
                "entry-point group")
-PLUGIN_GROUPS = ("env", "workflow", "algorithm", "policy", "rollout")
+PLUGIN_GROUPS = ("env", "workflow", "algorithm", "credit", "policy", "rollout")
 """The groups a plug-in adds options to (with its schema, ``<group>/base_<name>``), in the order their
 plug-ins are checked."""
 
@@ -284,25 +284,30 @@ def check_overrides(config_name: str, overrides: list[str], search_dirs: list[st
             raise ConfigError(describe(exc)) from exc
 
 
-IDENTITY = ("model", "env", "workflow", "algorithm", "policy", "seed")
+IDENTITY = ("model", "env", "workflow", "algorithm", "credit", "policy", "seed")
 """What a run is: a resume may change anything else (steps, logging, learning rate, ...), not these."""
+AS_BEFORE = {"algorithm.turn_credit": "immediate", "algorithm.gamma": 1.0, "algorithm.norm_group": "turn",
+             "credit": {"name": "none"}}
+"""Keys a later marl added to ``IDENTITY``'s groups, with the value that does what runs did before they existed."""
 
 
 def _differences(saved: Any, now: Any, path: str) -> Iterator[str]:
     """The keys under ``path`` whose value differs; a key the saved config lacks (one a later marl added) is
-    unchanged while it is left empty."""
+    unchanged while it is left empty or as ``AS_BEFORE`` has it."""
     if isinstance(saved, dict) and isinstance(now, dict):
         for key in sorted(set(saved) | set(now)):
-            if key not in saved and now[key] in (None, {}, []):
+            if key not in saved and (now[key] in (None, {}, []) or AS_BEFORE.get(f"{path}.{key}") == now[key]):
                 continue
             yield from _differences(saved.get(key), now.get(key), f"{path}.{key}")
+    elif saved is None and AS_BEFORE.get(path) == now:
+        return
     elif saved != now:
         yield f"{path} ({saved!r} -> {now!r})"
 
 
 def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     """A resumed run keeps what it is: refuse (one line, naming the keys) a config whose model, env (but its
-    eval size), workflow, algorithm, policy, seed or ``trainer.sharding`` (the layout of its optimiser state)
+    eval size), workflow, algorithm, credit, policy, seed or ``trainer.sharding`` (the layout of its optimiser state)
     differ from the run's saved ``.hydra/config.yaml``."""
     path = run_dir / ".hydra" / "config.yaml"
     if not path.exists():

@@ -11,7 +11,9 @@ class Sample:
 
     ``task`` indexes the task within the step, ``branch`` the sampled episode (or candidate) for it.
     ``segment`` numbers a role's separate trajectories within one episode (a sub-agent's invocations).
-    ``advantage`` is filled in by an algorithm; ``keep`` is cleared by its group filter.
+    ``advantage`` is filled in by an algorithm; ``keep`` is cleared by its group filter. ``token_advantages``, when
+    an algorithm or a post-processor (HICRA) gives credit token by token, holds one advantage per completion token
+    and is what the update uses (``advantage`` then stays the row's scalar, for statistics and samples.jsonl).
     ``sampling_logprobs`` are the sampler's log-probs of the completion tokens (the log-prob gap is
     measured against them); ``prompt_truncated`` and ``finished`` (ended with an end token) come
     from the generator too; ``temperature`` is the one the row was sampled at (the learner scores it there).
@@ -35,3 +37,12 @@ class Sample:
     prompt_truncated: bool = False
     finished: bool = True
     temperature: float | None = None
+    token_advantages: list[float] = field(default_factory=list)
+
+    def per_token(self) -> list[float]:
+        """The advantage of each completion token: ``token_advantages`` where given, else ``advantage`` on all."""
+        return list(self.token_advantages) if self.token_advantages else [self.advantage] * len(self.completion_ids)
+
+    def trains(self) -> bool:
+        """Some completion token has a non-zero advantage (with β = 0 a row without one has no gradient)."""
+        return any(a != 0.0 for a in self.token_advantages) if self.token_advantages else self.advantage != 0.0

@@ -17,7 +17,8 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
     """Rows of each role as readable records (prompt and completion decoded).
 
     With ``rng``: ``per_agent`` rows of each role drawn at random (training rows). Without it: every
-    row of the first ``per_agent`` tasks, in order, so whole evaluation episodes read turn by turn.
+    row of the first ``per_agent`` tasks, in order, so whole evaluation episodes read turn by turn. A row with
+    per-token advantages also records them (``token_advantages``, one per completion token).
     """
     by_role: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
@@ -36,4 +37,6 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
                 "format_ok": s.format_ok, "finished": s.finished,
                 "prompt": tok.decode(s.prompt_ids, skip_special_tokens=False),
                 "completion": tok.decode(s.completion_ids, skip_special_tokens=False)})
+            if s.token_advantages:  # credit token by token (HICRA, turn returns per token): one value per token
+                records[-1]["token_advantages"] = [round(a, 6) for a in s.token_advantages]
     return records

@@ -35,10 +35,12 @@ log = logging.getLogger(__name__)
 CONSUMER = "sub"
 WEIGHTS = "weights"
 KEEP_VERSIONS = 3
+COMPUTED = ("advantage", "keep", "token_advantages")
+"""What the trainer that reads rows computes itself (the algorithm's fields), so the store does not carry them."""
 
 
 def to_item(rows: list[Sample]) -> dict[str, Any]:
-    return {"rows": [{k: v for k, v in vars(s).items() if k not in ("advantage", "keep")} for s in rows]}
+    return {"rows": [{k: v for k, v in vars(s).items() if k not in COMPUTED} for s in rows]}
 
 
 def from_item(item: dict[str, Any]) -> list[Sample]:

@@ -51,11 +51,25 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[st
             sampling[i, :len(s.completion_ids)] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
             sampling_mask[i, :len(s.completion_ids)] = 1
     batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-             "completion_mask": completion_mask,
-             "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+             "completion_mask": completion_mask, "advantages": advantage_tensor(samples, completion_ids.size(1)),
              "sampling_logps": sampling, "sampling_mask": sampling_mask}
     batch["num_items_in_batch"] = completion_mask.sum()  # token-sum losses (dapo, cispo, vespo) divide by it
     return {k: v.to(device) for k, v in batch.items()}
+
+
+def advantage_tensor(samples: list[Sample], width: int) -> torch.Tensor:
+    """The rows' advantages as TRL's loss takes them: (B,) with one per row, or (B, ``width``) with one per
+    completion token (zero on padding) when any row carries per-token advantages."""
+    if not any(s.token_advantages for s in samples):
+        return torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    out = torch.zeros(len(samples), width, dtype=torch.float32)
+    for i, s in enumerate(samples):
+        values = s.per_token()
+        if len(values) != len(s.completion_ids):
+            raise ValueError(f"row (task {s.task}, turn {s.turn}, role {s.role}) has {len(values)} token advantages "
+                             f"for {len(s.completion_ids)} completion tokens")
+        out[i, :len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out
 
 
 def by_temperature(rows: list[Sample], default: float) -> dict[float, list[Sample]]:
@@ -92,11 +106,11 @@ def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], worl
 
 def with_gradient(rows: list[Sample], beta: float, skip_zero_advantage: bool = True) -> list[int]:
     """The indices of ``rows`` to back-propagate: all of them with a KL penalty (β > 0) or unless
-    ``skip_zero_advantage``, else those with a non-zero advantage — every loss type multiplies each token's term
-    by its row's advantage, so the others have no gradient."""
+    ``skip_zero_advantage``, else those with a non-zero advantage on some token — every loss type multiplies each
+    token's term by its advantage, so the others have no gradient."""
     if beta != 0.0 or not skip_zero_advantage:
         return list(range(len(rows)))
-    return [i for i, s in enumerate(rows) if s.advantage != 0.0]
+    return [i for i, s in enumerate(rows) if s.trains()]
 
 
 def select_rows(batch: dict[str, torch.Tensor], index: list[int], zeroed: int = 0) -> dict[str, torch.Tensor]:
@@ -130,7 +144,8 @@ def clip_fractions(old: torch.Tensor, new: torch.Tensor, batch: dict[str, torch.
     high when over 1 + ε_high with a positive one) over the ``tokens`` completion tokens of the whole mini-batch:
     rows left out of ``batch`` have a zero advantage, so none of their tokens is clipped."""
     ratio = torch.exp(new - old)
-    advantages = batch["advantages"].unsqueeze(1)
+    advantages = batch["advantages"]
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     mask = batch["completion_mask"].bool()
     low_clipped = (ratio < 1 - low) & (advantages < 0) & mask
     high_clipped = (ratio > 1 + high) & (advantages > 0) & mask
@@ -307,6 +322,12 @@ class PolicyTrainer:
         advantages = torch.tensor([s.advantage for s in rows])
         stats["advantage/mean"].append(float(advantages.mean()))
         stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
+        if any(s.token_advantages for s in rows):  # credit given token by token: its spread over the tokens
+            tokens = torch.tensor([a for s in rows for a in s.per_token()])
+            stats["advantage/token_mean"].append(float(tokens.mean()))
+            stats["advantage/token_std"].append(float(tokens.std()) if tokens.numel() > 1 else 0.0)
+            stats["advantage/token_min"].append(float(tokens.min()))
+            stats["advantage/token_max"].append(float(tokens.max()))
         stats["mini_batches"].append(float(len(batches)))
 
     def _mini_batches(self, rows: list[Sample]) -> list[tuple[dict[str, torch.Tensor], list[int], int, float]]:

@@ -23,8 +23,9 @@ transformers 5.24 and accelerate 1.15. What marl relies on, by name:
   config) and ``_get_per_token_logps_and_entropies`` (overridden below; called for the no-grad scoring too).
 
 The batch ``compute_loss`` reads: ``prompt_ids``/``prompt_mask`` (left-padded), ``completion_ids``/
-``completion_mask`` (right-padded), ``advantages`` (one per row), ``num_items_in_batch`` (the token-sum losses'
-normaliser), ``old_per_token_logps``, and where used ``ref_per_token_logps`` and ``importance_sampling_ratio``.
+``completion_mask`` (right-padded), ``advantages`` (one per row, or (B, T): one per completion token),
+``num_items_in_batch`` (the token-sum losses' normaliser), ``old_per_token_logps``, and where used
+``ref_per_token_logps`` and ``importance_sampling_ratio``.
 """
 
 from __future__ import annotations
