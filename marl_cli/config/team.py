@@ -23,7 +23,10 @@ MODEL_KEYS = ("name_or_path", "tiny", "dtype")
 """What a policy's model may change: which model, and its dtype. Prompting is per role (``model.system_prompts``,
 ``rollout.roles.<role>.chat_template_kwargs``), so one role reads the same prompt whichever policy serves it."""
 TRAINER_KEYS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "loss_type",
-                "epsilon", "epsilon_high", "beta", "num_iterations", "mini_batch_size", "gradient_checkpointing")
+                "epsilon", "epsilon_high", "beta", "num_iterations", "mini_batch_size", "gradient_checkpointing",
+                "importance_sampling_level", "delta", "entropy_coef", "use_adaptive_entropy", "entropy_target",
+                "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "top_entropy_quantile",
+                "mask_truncated_completions", "off_policy_mask_threshold")
 """What a policy's update may change from ``trainer``; the step schedule, logging and checkpoints are the run's."""
 
 
