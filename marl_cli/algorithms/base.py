@@ -39,11 +39,27 @@ class Algorithm:
 
 
 def check_mode(cfg: Any) -> None:
-    """The rollout mode (``algorithm.mode``) is one the selected algorithm is defined for."""
+    """The rollout mode (``algorithm.mode``) is one the selected algorithm is defined for, and the turn credit
+    (``turn_credit``, ``gamma``, ``norm_group``) one it can give."""
     algorithm = ALGORITHMS.get(cfg.algorithm.name)
     if cfg.algorithm.mode not in algorithm.modes:
         raise ConfigError(f"algorithm.mode={cfg.algorithm.mode} is not defined for algorithm={cfg.algorithm.name}; "
                           f"choose from: {', '.join(algorithm.modes)} (tree rollouts are algorithm=at_grpo)")
+    check_turn_credit(cfg.algorithm, algorithm)
+
+
+def check_turn_credit(cfg: Any, algorithm: Algorithm) -> None:
+    """Returns and episode groups follow a role through one episode: independent rollouts of a per-row estimator."""
+    if cfg.gamma != 1.0 and cfg.turn_credit != "return":
+        raise ConfigError(f"algorithm.gamma={cfg.gamma} discounts returns only: set algorithm.turn_credit=return")
+    changed = [f"{key}={cfg[key]}" for key, plain in (("turn_credit", "immediate"), ("norm_group", "turn"))
+               if cfg[key] != plain]
+    if changed and algorithm.hierarchical:
+        raise ConfigError(f"algorithm.{changed[0]}: algorithm={cfg.name} rewards whole trajectories (every row "
+                          "carries its trajectory's reward); turn credit is for grpo and at_grpo")
+    if changed and cfg.mode == "tree":
+        raise ConfigError(f"algorithm.{changed[0]} follows a role through one episode; tree rollouts branch at every "
+                          "turn (a group is one state's K candidates): use algorithm.mode=independent")
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm.name", "algorithm", check=check_mode)

@@ -6,6 +6,17 @@
 A group of one has no baseline and gets A = 0. The group of a sample row is (task, turn, role):
 for single-agent GRPO that is just the task. AT-GRPO uses this same normalisation on the rows of
 tree rollouts, where a group is the K candidates one agent sampled from one shared state.
+
+Turn credit (``algorithm.turn_credit``, independent rollouts): ``immediate`` normalises each turn's own reward r_t
+(the papers' rule); ``return`` normalises the role's discounted return-to-go in its episode,
+
+    G_t = r_t + γ·G_{t+1}      (G after the role's last turn = 0; γ = ``algorithm.gamma``)
+
+so a turn is credited with what follows from it; an episode that ends early simply has fewer terms.
+``algorithm.norm_group=episode`` normalises among every turn of the task's K episodes of one role, (task, role),
+instead of among the rows of one turn index, (task, turn, role). When the policy decides when an episode ends the
+rows at turn t > 0 are only the episodes that lasted that long, so a per-turn-index baseline is the survivors'
+(verl #7244); the episode group compares every turn with one baseline.
 """
 
 from __future__ import annotations
@@ -44,15 +55,38 @@ def group_key(sample: Sample) -> tuple[int, int, str]:
     return (sample.task, sample.turn, sample.role)
 
 
-def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: float = 1e-6,
-                      filter: str = "none") -> dict[str, float]:
-    """Fill in ``advantage`` (and ``keep`` under ``filter="zero_std"``) for every row; return group statistics."""
-    keys = [group_key(s) for s in samples]
-    for s, a in zip(samples, group_advantages([s.reward for s in samples], keys, norm_by_std, eps), strict=True):
+def episode_group_key(sample: Sample) -> tuple[int, int, str]:
+    """``norm_group=episode``: samples compete with every turn of the same task and role (turn -1 stands for all)."""
+    return (sample.task, -1, sample.role)
+
+
+def turn_returns(samples: Sequence[Sample], gamma: float) -> list[float]:
+    """Each row's discounted return-to-go G_t = r_t + γ·G_{t+1} over the later turns of its role in its episode
+    (task, branch, role, segment)."""
+    episodes: dict[Hashable, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        episodes[(s.task, s.branch, s.role, s.segment)].append(i)
+    returns = [0.0] * len(samples)
+    for idx in episodes.values():
+        ahead = 0.0
+        for i in sorted(idx, key=lambda i: samples[i].turn, reverse=True):
+            ahead = samples[i].reward + gamma * ahead
+            returns[i] = ahead
+    return returns
+
+
+def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: float = 1e-6, filter: str = "none",
+                      values: Sequence[float] | None = None, by_turn: bool = True) -> dict[str, float]:
+    """Fill in ``advantage`` (and ``keep`` under ``filter="zero_std"``) for every row from ``values`` (one per row:
+    what is normalised; default its reward), grouped per (task, turn, role), or per (task, role) unless ``by_turn``;
+    return group statistics."""
+    keys = [group_key(s) if by_turn else episode_group_key(s) for s in samples]
+    values = [s.reward for s in samples] if values is None else list(values)
+    for s, a in zip(samples, group_advantages(values, keys, norm_by_std, eps), strict=True):
         s.advantage = a
     rewards_by_group: dict[Hashable, list[float]] = defaultdict(list)
-    for s, k in zip(samples, keys, strict=True):
-        rewards_by_group[k].append(s.reward)
+    for v, k in zip(values, keys, strict=True):
+        rewards_by_group[k].append(v)
     zero_std = {k for k, rs in rewards_by_group.items() if max(rs) - min(rs) == 0}
     if filter == "zero_std":
         for s, k in zip(samples, keys, strict=True):
@@ -67,8 +101,14 @@ def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: floa
 
 def grpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
                    rollouts: dict[int, list[int]] | None = None) -> tuple[list[Sample], dict[str, float]]:
-    """GRPO and AT-GRPO: the rows themselves, each normalised within its (task, turn, role) group."""
-    return samples, assign_advantages(samples, cfg.norm_by_std, cfg.std_eps, cfg.filter)
+    """GRPO and AT-GRPO: the rows themselves, each one's reward (or return: ``turn_credit``) normalised within its
+    group (``norm_group``)."""
+    returns = cfg.turn_credit == "return"
+    values = turn_returns(samples, cfg.gamma) if returns else None
+    stats = assign_advantages(samples, cfg.norm_by_std, cfg.std_eps, cfg.filter, values, cfg.norm_group == "turn")
+    if returns:
+        stats["return_mean"] = sum(values) / max(len(values), 1)
+    return samples, stats
 
 
 ALGORITHMS.register("grpo")(Algorithm(grpo_estimator))

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.team import Schedule, policy_trainer
+from marl_cli.credit.base import shape_advantages, shape_rewards
 from marl_cli.policies.regime import Policy, checkpoint_adapters
 from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
@@ -168,10 +169,8 @@ class Trainer:
         samples, rollouts, metrics = self.source.rows(step, self.rng)
         self.run.generator.release()
         t_rollout = time.perf_counter() - t0
-        rows, stats = ALGORITHMS.get(self.cfg.algorithm.name).advantages(samples, self.cfg.algorithm, self.rng,
-                                                                        rollouts)
-        metrics.update({f"train/{k}": v for k, v in stats.items()})
         metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
+        rows = self.advantages(samples, rollouts, metrics)
         active = self.schedule.training(step)
         for name, trainer in self.trainers.items():
             metrics[f"train/{name}/active"] = float(name in active)
@@ -188,6 +187,20 @@ class Trainer:
         metrics["time/rollout_s"] = t_rollout
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics, rows
+
+    def advantages(self, samples: list[Sample], rollouts: dict[int, list[int]] | None,
+                   metrics: dict[str, float]) -> list[Sample]:
+        """The rows as trained: the credit method's turn rewards (``credit``), the algorithm's advantages, then the
+        credit method's token advantages; their statistics go into ``metrics``."""
+        t0 = time.perf_counter()
+        metrics.update(shape_rewards(samples, self.cfg, self.run))
+        rows, stats = ALGORITHMS.get(self.cfg.algorithm.name).advantages(samples, self.cfg.algorithm, self.rng,
+                                                                        rollouts)
+        metrics.update({f"train/{k}": v for k, v in stats.items()})
+        metrics.update(shape_advantages(rows, self.cfg, self.run))
+        if self.cfg.credit.name != "none":
+            metrics["time/credit_s"] = time.perf_counter() - t0
+        return rows
 
     def nothing_to_train(self, step: int, name: str, rows: int, metrics: dict[str, float]) -> None:
         """Warn that policy ``name`` has no row to train on at ``step`` (and count it): its update makes no
