@@ -60,9 +60,10 @@ def episode_group_key(sample: Sample) -> tuple[int, int, str]:
     return (sample.task, -1, sample.role)
 
 
-def turn_returns(samples: Sequence[Sample], gamma: float) -> list[float]:
+def turn_returns(samples: Sequence[Sample], gamma: float, values: Sequence[float] | None = None) -> list[float]:
     """Each row's discounted return-to-go G_t = r_t + γ·G_{t+1} over the later turns of its role in its episode
-    (task, branch, role, segment)."""
+    (task, branch, role, segment); ``values`` (one per row) in place of the rewards r."""
+    values = [s.reward for s in samples] if values is None else values
     episodes: dict[Hashable, list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
         episodes[(s.task, s.branch, s.role, s.segment)].append(i)
@@ -70,7 +71,7 @@ def turn_returns(samples: Sequence[Sample], gamma: float) -> list[float]:
     for idx in episodes.values():
         ahead = 0.0
         for i in sorted(idx, key=lambda i: samples[i].turn, reverse=True):
-            ahead = samples[i].reward + gamma * ahead
+            ahead = values[i] + gamma * ahead
             returns[i] = ahead
     return returns
 

@@ -26,11 +26,14 @@ class Credit:
 
     Args:
         rewards: before the advantages: sets each row's ``reward`` (e.g. IGPO's information gain per turn).
-        advantages: after them: sets rows' ``token_advantages`` (e.g. HICRA's planning-token amplification).
+        advantages: after them: sets rows' ``advantage`` or ``token_advantages`` (IGPO's discounted sums, HICRA's
+            planning-token amplification).
+        references: the rollout records each row's correct answer (``Sample.reference``) for the hooks.
     """
 
     rewards: Hook | None = None
     advantages: Hook | None = None
+    references: bool = False
 
 
 CREDITS: Registry[Credit] = Registry("credit.name", "credit")

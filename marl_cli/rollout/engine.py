@@ -80,7 +80,8 @@ class Rollout:
     settings (the learner's loss temperature reads the same ``sampling``), and the rollout mode and tree selection.
 
     ``play(tasks, k, rng)`` plays a training rollout; ``evaluation()`` is this rollout with the evaluation
-    sampling, one independent episode per sample.
+    sampling, one independent episode per sample. With ``references`` each row also records its role's correct
+    answer in the state its turn starts in (``Workflow.demonstration``: the env's oracle in the role's format).
     """
 
     workflow: Workflow
@@ -91,6 +92,7 @@ class Rollout:
     eval_sampling: Sampling | None = None
     mode: str = "independent"
     selection: str = "greedy"
+    references: bool = False  # record on each row its role's correct answer where its turn starts (IGPO scores it)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -141,6 +143,7 @@ class Rollout:
         acting = [ep for ep in live if not ep.done and (ep.task, ep.branch) in generations]
         jobs = [(ep.state, g.text) for ep in acting for g in generations[ep.task, ep.branch]]
         segments = [workflow.segment(role, ep.state) for ep in acting]
+        references = [workflow.demonstration(role, ep.state) if self.references else None for ep in acting]
         outcomes = workflow.act_many(role, jobs)
         temperature = self.sampling.for_role(role).temperature
         samples: list[Sample] = []
@@ -154,7 +157,7 @@ class Rollout:
                     reward=out.reward, success=out.solved, format_ok=out.format_ok,
                     info={**out.info, "local": out.local, "team": out.team}, segment=segments[i],
                     sampling_logprobs=gen.logprobs, prompt_truncated=gen.prompt_truncated, finished=gen.finished,
-                    temperature=temperature))
+                    temperature=temperature, reference=references[i]))
             chosen = mine[select(mine, self.selection, rng)] if tree else mine[0]
             ep.state = chosen.state
             ep.team_return += chosen.reward

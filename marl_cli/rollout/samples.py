@@ -14,6 +14,8 @@ class Sample:
     ``advantage`` is filled in by an algorithm; ``keep`` is cleared by its group filter. ``token_advantages``, when
     an algorithm or a post-processor (HICRA) gives credit token by token, holds one advantage per completion token
     and is what the update uses (``advantage`` then stays the row's scalar, for statistics and samples.jsonl).
+    ``reference`` is the role's correct answer where the turn started (the env's oracle), when a credit method
+    asked the rollout for it (IGPO scores how likely the policy is to give it).
     ``sampling_logprobs`` are the sampler's log-probs of the completion tokens (the log-prob gap is
     measured against them); ``prompt_truncated`` and ``finished`` (ended with an end token) come
     from the generator too; ``temperature`` is the one the row was sampled at (the learner scores it there).
@@ -38,6 +40,7 @@ class Sample:
     finished: bool = True
     temperature: float | None = None
     token_advantages: list[float] = field(default_factory=list)
+    reference: str | None = None
 
     def per_token(self) -> list[float]:
         """The advantage of each completion token: ``token_advantages`` where given, else ``advantage`` on all."""
