@@ -97,7 +97,20 @@ def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: floa
     for role in sorted({k[2] for k in rewards_by_group}):
         mine = [k for k in rewards_by_group if k[2] == role]
         stats[f"{role}/zero_std_fraction"] = sum(k in zero_std for k in mine) / len(mine)
+    stats.update(by_turn_index(samples))
     return stats
+
+
+def by_turn_index(samples: Sequence[Sample]) -> dict[str, float]:
+    """The rows and their mean advantage at each turn index (``turn<t>/...``): per-turn groups centre each turn's
+    advantages on its own rows; an episode group shows which turns it credits above the task's baseline."""
+    turns: dict[int, list[float]] = defaultdict(list)
+    for s in samples:
+        turns[s.turn].append(s.advantage)
+    if len(turns) < 2:
+        return {}
+    return {k: v for t, values in sorted(turns.items())
+            for k, v in ((f"turn{t}/rows", float(len(values))), (f"turn{t}/advantage_mean", sum(values) / len(values)))}
 
 
 def grpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,

@@ -33,9 +33,14 @@ def test_the_episode_group_normalises_every_turn_of_a_task_and_role_together():
     # one task, K = 4: episode 0 solves at turn 0 and ends; 1 solves at turn 1; 2 and 3 fail both turns
     rows = [_row(0, 0, 1.0), _row(1, 0, 0.0), _row(2, 0, 0.0), _row(3, 0, 0.0),
             _row(1, 1, 1.0), _row(2, 1, 0.0), _row(3, 1, 0.0)]
-    assign_advantages(rows, norm_by_std=False)  # per turn index: turn 1's baseline is its 3 survivors' 1/3
+    stats = assign_advantages(rows, norm_by_std=False)  # per turn index: turn 1's baseline is its survivors' 1/3
+    assert stats["turn0/advantage_mean"] == pytest.approx(0.0, abs=1e-15) and stats["turn1/rows"] == 3
+    assert stats["turn1/advantage_mean"] == pytest.approx(0.0, abs=1e-15)
     assert [r.advantage for r in rows] == pytest.approx([0.75, -0.25, -0.25, -0.25, 2 / 3, -1 / 3, -1 / 3], abs=1e-12)
-    assign_advantages(rows, norm_by_std=False, by_turn=False)  # one baseline for all 7 rows: 2/7
+    stats = assign_advantages(rows, norm_by_std=False, by_turn=False)  # one baseline for all 7 rows: 2/7
+    # solving at turn 1 is credited as solving at turn 0 (5/7); per turn index it got 2/3 against 3/4
+    assert stats["turn0/advantage_mean"] == pytest.approx(-1 / 28, abs=1e-15)
+    assert stats["turn1/advantage_mean"] == pytest.approx(1 / 21, abs=1e-15)
     assert [r.advantage for r in rows] == pytest.approx([5 / 7, -2 / 7, -2 / 7, -2 / 7, 5 / 7, -2 / 7, -2 / 7],
                                                         abs=1e-12)
 
