@@ -73,3 +73,23 @@ def test_turn_credit_it_cannot_give_is_one_line(overrides, message):
 def test_returns_with_independent_at_grpo_are_accepted():
     check_config(train_config(*FAST, "algorithm=at_grpo", "algorithm.mode=independent", "algorithm.turn_credit=return",
                               "algorithm.gamma=0.9", "algorithm.norm_group=episode"))
+
+
+def test_a_run_saved_before_turn_credit_and_credit_existed_resumes_unless_they_change(tmp_path):
+    """A saved config without the keys resumes with them at what runs did before; set otherwise, it is refused."""
+    from omegaconf import OmegaConf
+
+    from marl_cli.config.validate import check_resume
+
+    cfg = train_config(*FAST)
+    saved = OmegaConf.to_container(cfg, resolve=False)
+    del saved["credit"]
+    for key in ("turn_credit", "gamma", "norm_group"):
+        del saved["algorithm"][key]
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(saved)))
+    check_resume(cfg, tmp_path)
+    with pytest.raises(ConfigError, match=r"changed: algorithm.turn_credit \(None -> .*return"):
+        check_resume(train_config(*FAST, "algorithm.turn_credit=return"), tmp_path)
+    with pytest.raises(ConfigError, match=r"changed: credit \(None -> \{'name': 'hicra'"):
+        check_resume(train_config(*FAST, "credit=hicra"), tmp_path)
