@@ -39,6 +39,8 @@ NormGroup = choices("NormGroup", "turn", "episode")
 DType = choices("DType", "float32", "bfloat16", "float16")
 LossType = choices("LossType", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """TRL's GRPO loss formulations (``GRPOConfig.loss_type``)."""
+CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+"""The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high] (and, with ``delta``, to at most δ)."""
 SchedulerType = choices("SchedulerType", "linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
                         "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
                         "warmup_stable_decay")
@@ -46,6 +48,9 @@ SchedulerType = choices("SchedulerType", "linear", "cosine", "cosine_with_restar
 TrainerRole = choices("TrainerRole", "all", "main", "sub")
 Sharding = choices("Sharding", "none", "fsdp2")
 ISCorrection = choices("ISCorrection", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+ISLevel = choices("ISLevel", "token", "sequence")
+"""Where TRL's loss takes the PPO ratio (``GRPOConfig.importance_sampling_level``): per token, or per sequence
+(GSPO)."""
 LoggerMode = choices("LoggerMode", "auto", "online", "offline")
 SandboxBackend = choices("SandboxBackend", "bwrap", "rlimit")
 EvalKB = choices("EvalKB", "separate", "train")
@@ -397,6 +402,22 @@ class TrainerConfig:
     epsilon: float = bounded(0.2, ge=0.0)  # PPO clip range below (and above, unless epsilon_high)
     epsilon_high: float | None = bounded(None, ge=0.0)  # PPO clip range above; null: epsilon
     beta: float = bounded(0.0, ge=0.0)  # KL penalty against the reference (the policy at RL start); 0: none
+    # the PPO ratio per token, or per sequence (GSPO: exp of the mean token log-ratio; with loss_type grpo or luspo)
+    importance_sampling_level: ISLevel = ISLevel.token
+    delta: float | None = bounded(None, gt=1.0)  # two-sided clip (INTELLECT-2): ratios capped at delta; null: off
+    entropy_coef: float = bounded(0.0, ge=0.0)  # entropy bonus: loss − entropy_coef × mean token entropy; 0: none
+    # Skywork-OR1's adaptive entropy bonus: entropy_coef starts there, moves by entropy_coef_delta each optimiser step
+    # (up while the entropy is at or below entropy_target, else down) within [entropy_coef_min, entropy_coef_max], and
+    # applies only while the entropy is at or below the target
+    use_adaptive_entropy: bool = False
+    entropy_target: float = bounded(0.2, ge=0.0)  # use_adaptive_entropy: target mean token entropy (nats)
+    entropy_coef_delta: float = bounded(0.005, gt=0.0)  # use_adaptive_entropy: the coefficient's step
+    entropy_coef_min: float = bounded(0.0, ge=0.0)  # use_adaptive_entropy: the coefficient's lower bound
+    entropy_coef_max: float = bounded(1.0, ge=0.0)  # use_adaptive_entropy: the coefficient's upper bound
+    top_entropy_quantile: float = bounded(1.0, ge=0.0, le=1.0)  # only the top-ρ of tokens by entropy get a gradient
+    mask_truncated_completions: bool = False  # completions that never ended (cut at max_new_tokens) get no gradient
+    # drop negative-advantage rows whose mean KL(sampler ‖ learner) per token exceeds this (DeepSeek-V3.2); null: off
+    off_policy_mask_threshold: float | None = bounded(None, ge=0.0)
     # sampler-vs-learner correction (TRL's vLLM importance sampling): weight each token's loss by
     # exp(learner − sampler log-prob) per token or summed per sequence, truncated to [min, max] or zeroed outside
     is_correction: ISCorrection = ISCorrection.none

@@ -29,7 +29,8 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.launch import launched_world_size
 from marl_cli.config.paths import config_dir
 from marl_cli.config.registry import Registry, registries
-from marl_cli.config.team import check_role_sampling, check_schema
+from marl_cli.config.schema import CLIPPED_LOSSES
+from marl_cli.config.team import check_role_sampling, check_schema, policy_trainer
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
@@ -208,7 +209,41 @@ def check_run(cfg: DictConfig) -> None:
         check_resume(cfg, Path(cfg.trainer.resume).resolve())
     _check_eval(cfg)
     check_role_sampling(cfg)
+    check_loss(cfg.trainer)
+    for name in cfg.policy.trainers:
+        check_loss(policy_trainer(cfg, name), f"policy.trainers.{name}")
     _check_processes(cfg, launched_world_size())
+
+
+TOKEN_SUM_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
+"""The loss types that sum token terms over the batch: at the sequence level each sequence's ratio would weigh as
+many times as it has tokens (TRL warns; GSPO's objective is a mean per sequence)."""
+
+
+def check_loss(trainer: Any, where: str = "trainer") -> None:
+    """The rules across the loss keys of ``trainer`` (the run's, or a policy's merged, named by ``where``): the
+    combinations TRL's constructor only warns of, and a knob the loss type would ignore."""
+    loss, level, delta = trainer.loss_type, trainer.importance_sampling_level, trainer.delta
+    if level == "sequence" and loss in TOKEN_SUM_LOSSES:
+        raise ConfigError(f"{where}.importance_sampling_level=sequence with {where}.loss_type={loss}: a token-sum loss "
+                          "weights each sequence's ratio by its length, not GSPO's per-sequence objective; "
+                          "use loss_type=grpo (or luspo)")
+    if loss == "luspo" and level != "sequence":
+        raise ConfigError(f"{where}.loss_type=luspo is a sequence-level loss: set "
+                          f"{where}.importance_sampling_level=sequence")
+    if loss == "vespo" and level != "token":
+        raise ConfigError(f"{where}.loss_type=vespo weights whole sequences itself: keep "
+                          f"{where}.importance_sampling_level=token")
+    if delta is not None and loss not in CLIPPED_LOSSES:
+        raise ConfigError(f"{where}.delta={delta}: loss_type={loss} does not clip the ratio; the two-sided clip is for "
+                          f"{', '.join(CLIPPED_LOSSES)}")
+    high = trainer.epsilon if trainer.epsilon_high is None else trainer.epsilon_high
+    if delta is not None and delta <= 1 + high:
+        raise ConfigError(f"{where}.delta={delta} must exceed 1 + epsilon_high = {1 + high:g}: the two-sided clip "
+                          "caps the ratios the PPO clip leaves unbounded (negative advantages)")
+    if trainer.entropy_coef_min > trainer.entropy_coef_max:
+        raise ConfigError(f"{where}.entropy_coef_min={trainer.entropy_coef_min} exceeds "
+                          f"{where}.entropy_coef_max={trainer.entropy_coef_max}")
 
 
 def _check_processes(cfg: DictConfig, processes: int) -> None:

@@ -1,16 +1,18 @@
 """The per-policy update, delegated to TRL's GRPOTrainer (only ever through ``training/trl_adapter.py``).
 
 marl produces its own rollouts and advantages, so it uses TRL's trainer for what TRL owns: the
-clipped policy loss (``loss_type``, ``epsilon``, ``beta``), the log-probabilities at the rollout
-temperature, the optimiser, the learning-rate scheduler and gradient clipping. Each RL step calls
-``update`` with that policy's sample rows; the scheduler advances once per RL step.
+clipped policy loss (``loss_type``, ``epsilon``, ``beta`` and the other knobs, ``trl_adapter.LOSS_KNOBS``), the
+log-probabilities at the rollout temperature, the optimiser, the learning-rate scheduler and gradient clipping.
+Each RL step calls ``update`` with that policy's sample rows; the scheduler advances once per RL step. Masking
+truncated completions is marl's (TRL does it in its generation loop): their tokens leave the loss mask.
 
 The step is TRL's and verl's: the old log-probs (the PPO ratio's denominator) of every mini-batch
 are computed before the first optimiser step, so they are the sampling policy's for the whole step;
 the reference is the policy as RL found it (after the warm start). Rows whose gradient is zero (a zero
-advantage with β = 0, e.g. every row of an equal-reward group) get the forward passes of the diagnostics but
-no loss forward or backward: the others' loss is weighted by their share of the mini-batch's normaliser, so
-the update is the full mini-batch's. Rows that share a prompt run it through the model once, in the
+advantage with β = 0, e.g. every row of an equal-reward group; a masked truncated completion) get the forward
+passes of the diagnostics but no loss forward or backward: the others' loss is weighted by their share of the
+mini-batch's normaliser, so the update is the full mini-batch's (every row runs where the loss reads them all:
+an entropy bonus, a top-entropy quantile). Rows that share a prompt run it through the model once, in the
 scoring and in the loss (``shared_prompt_forward``). A bf16/fp16 policy trains with
 fp32 master weights and optimiser state under autocast; ``trainer.sharding=fsdp2`` splits the learner across
 the processes (``training/sharding.py``). Every step reports what RL researchers look
@@ -33,14 +35,24 @@ from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
 from marl_cli.training.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
-from marl_cli.training.trl_adapter import GRPOAdapter, grpo_args
+from marl_cli.training.trl_adapter import (
+    LOSS_MASK,
+    GRPOAdapter,
+    add_sampler_logps,
+    grpo_args,
+    importance_ratio,
+    loss_mask,
+)
 
 
-def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+def collate(samples: list[Sample], pad_id: int, device: torch.device,
+            mask_truncated: bool = False) -> dict[str, torch.Tensor]:
     """The tensors TRL's GRPO loss reads: left-padded prompts, right-padded completions, advantages.
 
     Each mini-batch is one optimiser step, so token-sum losses are normalised by its own token count.
-    ``sampling_logps``/``sampling_mask`` carry the sampler's log-probs where the generator gave them.
+    ``sampling_logps``/``sampling_mask`` carry the sampler's log-probs where the generator gave them. With
+    ``mask_truncated`` the loss mask (``LOSS_MASK``) leaves out the rows whose completion did not finish, and the
+    token count with them (as TRL's ``mask_truncated_completions``; the forward still attends to their tokens).
     """
     prompt_ids, prompt_mask = pad_rows([s.prompt_ids for s in samples], pad_id, left=True)
     completion_ids, completion_mask = pad_rows([s.completion_ids for s in samples], pad_id, left=False)
@@ -53,7 +65,10 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device) -> dict[st
     batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
              "completion_mask": completion_mask, "advantages": advantage_tensor(samples, completion_ids.size(1)),
              "sampling_logps": sampling, "sampling_mask": sampling_mask}
-    batch["num_items_in_batch"] = completion_mask.sum()  # token-sum losses (dapo, cispo, vespo) divide by it
+    if mask_truncated:
+        finished = torch.tensor([s.finished for s in samples], dtype=completion_mask.dtype)
+        batch[LOSS_MASK] = completion_mask * finished.unsqueeze(1)
+    batch["num_items_in_batch"] = loss_mask(batch).sum()  # token-sum losses (dapo, cispo, vespo) divide by it
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -91,26 +106,43 @@ def mini_batches(rows: list[Sample], size: int, world: World) -> list[list[Sampl
     return batches
 
 
-def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], world: World) -> float:
+def loss_tokens(sample: Sample, mask_truncated: bool = False) -> int:
+    """The completion tokens of ``sample`` the loss counts: none of a truncated one under ``mask_truncated``."""
+    return 0 if mask_truncated and not sample.finished else len(sample.completion_ids)
+
+
+def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], world: World,
+                mask_truncated: bool = False) -> float:
     """What the loss of ``trained`` (the rows this rank back-propagates) is multiplied by so that the ranks'
     mean gradient is the gradient of the whole mini-batch ``batch``'s loss: ``size`` × their share of the loss's
-    normaliser (sequences for per-sequence means, completion tokens for the token mean); the token-sum losses
-    (dapo, cispo, vespo) are already normalised by the whole mini-batch's token count (``num_items_in_batch``),
-    per process. Rows left out of ``trained`` must contribute no gradient (a zero advantage with β = 0)."""
+    normaliser (sequences for per-sequence means, the completion tokens the loss counts for the token mean,
+    ``loss_tokens``); the token-sum losses (dapo, cispo, vespo) are already normalised by the whole mini-batch's
+    token count (``num_items_in_batch``), per process. Rows left out of ``trained`` must contribute no gradient."""
     if loss_type in ("dapo", "cispo", "vespo"):
         return 1.0
     if loss_type == "bnpo":
-        return world.size * sum(len(s.completion_ids) for s in trained) / sum(len(s.completion_ids) for s in batch)
+        tokens = sum(loss_tokens(s, mask_truncated) for s in trained)
+        return world.size * tokens / max(sum(loss_tokens(s, mask_truncated) for s in batch), 1)
     return world.size * len(trained) / len(batch)
 
 
-def with_gradient(rows: list[Sample], beta: float, skip_zero_advantage: bool = True) -> list[int]:
-    """The indices of ``rows`` to back-propagate: all of them with a KL penalty (β > 0) or unless
-    ``skip_zero_advantage``, else those with a non-zero advantage on some token — every loss type multiplies each
-    token's term by its advantage, so the others have no gradient."""
-    if beta != 0.0 or not skip_zero_advantage:
+def reads_whole_batch(trainer_cfg: Any) -> bool:
+    """Whether TRL's loss of a row depends on the other rows passed with it beyond the normaliser: an entropy bonus
+    (a token mean over every row passed) or a top-entropy quantile (taken over their tokens)."""
+    bonus = trainer_cfg.entropy_coef != 0.0 or trainer_cfg.use_adaptive_entropy
+    return bonus or trainer_cfg.top_entropy_quantile < 1.0
+
+
+def with_gradient(rows: list[Sample], beta: float, skip_zero_advantage: bool = True, whole_batch: bool = False,
+                  mask_truncated: bool = False) -> list[int]:
+    """The indices of ``rows`` to back-propagate: all of them unless ``skip_zero_advantage``, or when the loss reads
+    the whole batch (``whole_batch``: ``reads_whole_batch``); else the rows whose tokens the loss counts (not a
+    truncated one under ``mask_truncated``) with a KL penalty (β > 0) or a non-zero advantage on some token — every
+    loss type multiplies each token's policy term by its advantage, and every term by the loss mask, so the others
+    have no gradient."""
+    if whole_batch or not skip_zero_advantage:
         return list(range(len(rows)))
-    return [i for i, s in enumerate(rows) if s.trains()]
+    return [i for i, s in enumerate(rows) if loss_tokens(s, mask_truncated) and (beta != 0.0 or s.trains())]
 
 
 def select_rows(batch: dict[str, torch.Tensor], index: list[int], zeroed: int = 0) -> dict[str, torch.Tensor]:
@@ -138,20 +170,24 @@ def select_rows(batch: dict[str, torch.Tensor], index: list[int], zeroed: int = 
     return out
 
 
-def clip_fractions(old: torch.Tensor, new: torch.Tensor, batch: dict[str, torch.Tensor], low: float, high: float,
-                   tokens: float) -> dict[str, float]:
-    """TRL's clip fractions (a token is clipped low when its ratio is under 1 − ε_low with a negative advantage,
-    high when over 1 + ε_high with a positive one) over the ``tokens`` completion tokens of the whole mini-batch:
-    rows left out of ``batch`` have a zero advantage, so none of their tokens is clipped."""
-    ratio = torch.exp(new - old)
+def clip_fractions(ratio: torch.Tensor, batch: dict[str, torch.Tensor], low: float, high: float, tokens: float,
+                   delta: float | None = None) -> dict[str, float]:
+    """TRL's clip fractions (a token is clipped low when its ratio, ``importance_ratio``, is under 1 − ε_low with a
+    negative advantage, high when over 1 + ε_high with a positive one) over the ``tokens`` completion tokens the loss
+    counts in the whole mini-batch (at the sequence level, each token of a clipped sequence); with ``delta``, also
+    the two-sided clip's (a ratio over δ with a negative advantage). Rows left out of ``batch`` have no gradient, so
+    none of their tokens is clipped."""
     advantages = batch["advantages"]
     advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    mask = batch["completion_mask"].bool()
+    mask = loss_mask(batch).bool()
     low_clipped = (ratio < 1 - low) & (advantages < 0) & mask
     high_clipped = (ratio > 1 + high) & (advantages > 0) & mask
-    return {"clip_ratio/low_mean": float(low_clipped.sum()) / tokens,
-            "clip_ratio/high_mean": float(high_clipped.sum()) / tokens,
-            "clip_ratio/region_mean": float((low_clipped | high_clipped).sum()) / tokens}
+    out = {"clip_ratio/low_mean": float(low_clipped.sum()) / tokens,
+           "clip_ratio/high_mean": float(high_clipped.sum()) / tokens,
+           "clip_ratio/region_mean": float((low_clipped | high_clipped).sum()) / tokens}
+    if delta is not None:
+        out["clip_ratio/delta_mean"] = float(((ratio > delta) & (advantages < 0) & mask).sum()) / tokens
+    return out
 
 
 def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch.Tensor) -> float:
@@ -238,7 +274,9 @@ class PolicyTrainer:
         old, entropies = self._forward(self.learner, batch, entropy=True)
         batch["old_per_token_logps"] = old
         mask = batch["completion_mask"]
-        stats["entropy"].append(float((entropies * mask).sum()) / self._token_share(batch))
+        stats["entropy"].append(float((entropies * loss_mask(batch)).sum()) / self._token_share(batch))
+        if self.cfg.off_policy_mask_threshold is not None:
+            add_sampler_logps(batch, old)
         sampled = batch["sampling_mask"].bool()
         if sampled.any():
             gap = (old - batch["sampling_logps"]).abs()[sampled]
@@ -277,15 +315,20 @@ class PolicyTrainer:
         return max(float(batch["num_items_in_batch"]), 1.0) / self.world.size
 
     def _loss_stats(self, batch: dict[str, torch.Tensor], tokens: float, stats: dict[str, list[float]]) -> None:
-        """KL to the old policy over the rows just back-propagated, and clip fractions over the whole mini-batch's
-        tokens (``tokens``: its share per rank; the rows left out have a zero advantage, so none of their tokens
-        is clipped)."""
+        """KL to the old policy over the rows just back-propagated; clip fractions and the share of tokens the
+        off-policy mask drops over the whole mini-batch's tokens that the loss counts (``tokens``: its share per
+        rank; the rows left out have no gradient, so none of their tokens is clipped or dropped)."""
         old, new = batch["old_per_token_logps"], self.grpo.last_logps
         stats["kl_old"].append(approx_kl(old, new, batch["completion_mask"]))
         clip = self.grpo.clip_range
         if clip is not None:
-            for key, value in clip_fractions(old, new, batch, *clip, tokens).items():
+            ratio = importance_ratio(new, old, loss_mask(batch), self.cfg.importance_sampling_level)
+            for key, value in clip_fractions(ratio, batch, *clip, tokens, self.cfg.delta).items():
                 stats[key].append(value)
+        kept = self.grpo.off_policy_kept(batch, new)
+        if kept is not None:
+            dropped = (1 - kept).expand_as(new) * loss_mask(batch)
+            stats["off_policy_masked_fraction"].append(float(dropped.sum()) / tokens)
 
     def update(self, samples: list[Sample], rng: random.Random) -> dict[str, float]:
         """One RL step for this policy: ``num_iterations`` passes of mini-batch gradient steps."""
@@ -309,6 +352,8 @@ class PolicyTrainer:
         """The optimiser steps of one RL step on ``rows`` (at least one per process), their statistics into
         ``stats``."""
         batches = self._mini_batches(rows)
+        if self.cfg.mask_truncated_completions:
+            stats["masked_truncated_fraction"].append(sum(not s.finished for s in rows) / len(rows))
         self.policy.activate()
         self.learner.train()
         for batch, *_ in batches:
@@ -337,19 +382,21 @@ class PolicyTrainer:
         wholes = [whole for part in by_temperature(rows, self.temperature).values()
                   for whole in mini_batches(part, self.cfg.mini_batch_size, self.world)]
         shares = [self.world.share(whole) for whole in wholes]
-        trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage) for mine in shares]
+        masked = self.cfg.mask_truncated_completions
+        trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage, reads_whole_batch(self.cfg),
+                                 masked) for mine in shares]
         # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows of each
         # mini-batch, at least one: zero-advantage copies fill up
         counts = [max(1, *n) for n in zip(*self.world.gather([len(t) for t in trained]), strict=True)]
         batches = []
         for whole, mine, kept, count in zip(wholes, shares, trained, counts, strict=True):
-            batch = collate(mine, pad_id, self.device)
+            batch = collate(mine, pad_id, self.device, masked)
             batch["temperature"] = self.temperature if whole[0].temperature is None else whole[0].temperature
-            tokens = sum(len(s.completion_ids) for s in whole)  # the token-sum losses' normaliser
+            tokens = sum(loss_tokens(s, masked) for s in whole)  # the token-sum losses' normaliser
             batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
             zeroed = count - len(kept)
             index = kept + [kept[0] if kept else 0] * zeroed
-            weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world)
+            weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world, masked)
             batches.append((batch, index, zeroed, weight))
         return batches
 
@@ -394,15 +441,18 @@ class PolicyTrainer:
         return master_weights(self.learner) if self.sharded else None
 
     def state_dict(self) -> dict[str, Any]:
-        """The optimiser's and scheduler's state. Under ``trainer.sharding=fsdp2`` the optimiser's whole state by
-        parameter name (gathered from the ranks' shards: every rank calls it), which any process count loads."""
+        """The optimiser's, scheduler's and loss's state (the adaptive entropy controller's:
+        ``GRPOAdapter.loss_state``). Under ``trainer.sharding=fsdp2`` the optimiser's whole state by parameter name
+        (gathered from the ranks' shards: every rank calls it), which any process count loads."""
         by_name = self.cfg.sharding == "fsdp2"
         optimizer = optimizer_state(self.learner, self.optimizer) if by_name else self.optimizer.state_dict()
-        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "loss": self.grpo.loss_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict``'s (one saved before the loss had a state: the loss as configured)."""
         if self.cfg.sharding == "fsdp2":
             load_optimizer_state(self.learner, self.optimizer, state["optimizer"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.grpo.load_loss_state(state.get("loss", {}))

@@ -17,6 +17,9 @@ transformers 5.24 and accelerate 1.15. What marl relies on, by name:
   transformers' ``create_optimizer_and_scheduler``), ``accelerator`` (``num_processes``, ``autocast``,
   ``backward``), ``epsilon_low``/``epsilon_high`` (the clip range), ``_metrics["train"]`` (the loss's metrics,
   drained every step), ``args.temperature`` and ``args.cast_lm_head_to_fp32`` (the reference's fused head);
+- read and restored: ``entropy_coef`` and ``_last_world_entropy`` (the adaptive entropy controller's state, which
+  TRL's own checkpoints hold as ``entropy_ctrl_state.json``; marl's hold it with the optimiser's);
+- called besides the loss: ``get_off_policy_mask`` (the share of tokens the off-policy mask drops, a metric);
 - called: ``compute_loss(model, batch)`` (which reads ``loss_type``, ``max_completion_length``,
   ``importance_sampling_level``, ``top_entropy_quantile``, ``off_policy_mask_threshold``,
   ``_entropy_bonus_enabled``, ``args.steps_per_generation``/``delta``/``use_bias_correction_kl``: all from the
@@ -25,7 +28,8 @@ transformers 5.24 and accelerate 1.15. What marl relies on, by name:
 The batch ``compute_loss`` reads: ``prompt_ids``/``prompt_mask`` (left-padded), ``completion_ids``/
 ``completion_mask`` (right-padded), ``advantages`` (one per row, or (B, T): one per completion token),
 ``num_items_in_batch`` (the token-sum losses' normaliser), ``old_per_token_logps``, and where used
-``ref_per_token_logps`` and ``importance_sampling_ratio``.
+``ref_per_token_logps``, ``importance_sampling_ratio``, ``sampling_per_token_logps`` (the off-policy mask's
+reference) and ``tool_mask`` (``LOSS_MASK``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 import torch
 
+from marl_cli.config.schema import CLIPPED_LOSSES
 from marl_cli.rollout.prefix import keeping_cache, shared_prompt_cache
 from marl_cli.training.distributed import World
 from marl_cli.training.sharding import regathered_prompt
@@ -45,19 +50,27 @@ from marl_cli.training.trl_args import GRPOConfig, GRPOTrainer, add_fused_lm_hea
 
 TRL_VERSIONS = ">=1.16.0,<1.17"
 """The TRL releases this adapter was checked against (pyproject.toml pins 1.16.0)."""
-CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-"""The loss types whose ratio TRL clips to [1 − ε_low, 1 + ε_high]."""
 OWN_METRICS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
                "clip_ratio/low_min", "clip_ratio/high_max")
 """TRL's metrics of the loss forward that marl computes itself over every row (TRL's see the trained rows only)."""
+LOSS_KNOBS = ("importance_sampling_level", "delta", "entropy_coef", "use_adaptive_entropy", "entropy_target",
+              "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "top_entropy_quantile",
+              "mask_truncated_completions", "off_policy_mask_threshold")
+"""The ``trainer`` keys that go to ``GRPOConfig`` under their own name, read by TRL's ``compute_loss`` (but
+``mask_truncated_completions``, which TRL applies in its generation loop: marl applies it in its batch,
+``LOSS_MASK``)."""
+LOSS_MASK = "tool_mask"
+"""The batch key of TRL's loss mask beside ``completion_mask`` (TRL's name: it masks tool-output tokens): the loss and
+its normalisers count a completion token where both are 1, the forward attends to every completion token. marl zeroes
+the rows of truncated completions there (``trainer.mask_truncated_completions``)."""
 
 
 def grpo_args(trainer_cfg: Any, temperature: float, max_completion_length: int, output_dir: Path, seed: int,
               device: torch.device, autocast_dtype: torch.dtype | None) -> GRPOConfig:
     """TRL's config for the update of a policy on ``device`` computing under ``autocast_dtype``: the ``trainer``
     config's optimiser and loss settings; β = 0 (marl supplies the reference log-probs itself, the policy at the
-    start of RL; ``GRPOAdapter`` sets TRL's β afterwards); log-probs at the rollout ``temperature``; no logging,
-    saving or checkpointing by TRL."""
+    start of RL; ``GRPOAdapter`` sets TRL's β afterwards); ``LOSS_KNOBS`` as given; log-probs at the rollout
+    ``temperature``; no logging, saving or checkpointing by TRL."""
     return GRPOConfig(
         output_dir=str(output_dir),
         learning_rate=trainer_cfg.learning_rate,
@@ -76,6 +89,7 @@ def grpo_args(trainer_cfg: Any, temperature: float, max_completion_length: int, 
         per_device_train_batch_size=2,
         gradient_accumulation_steps=1,
         max_steps=max(trainer_cfg.steps, 1),
+        **{key: getattr(trainer_cfg, key) for key in LOSS_KNOBS},
         **checkpointing_off(),  # switched on by marl, on the model itself
         use_cpu=device.type == "cpu",
         bf16=autocast_dtype == torch.bfloat16,
@@ -86,6 +100,28 @@ def grpo_args(trainer_cfg: Any, temperature: float, max_completion_length: int, 
         seed=seed,
         disable_tqdm=True,
     )
+
+
+def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The completion tokens TRL's loss counts (its ``mask``): ``completion_mask``, times ``LOSS_MASK`` where given."""
+    mask = batch["completion_mask"]
+    return mask * batch[LOSS_MASK] if LOSS_MASK in batch else mask
+
+
+def importance_ratio(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """TRL's PPO ratio before clipping, on every completion token: exp(``new`` − ``old``) per token, or with
+    ``level="sequence"`` (GSPO) exp of the row's mean log-ratio over ``mask``, the same on each of its tokens."""
+    log_ratio = new - old
+    if level == "sequence":
+        mean = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+        log_ratio = mean.expand_as(new)
+    return torch.exp(log_ratio)
+
+
+def add_sampler_logps(batch: dict[str, torch.Tensor], old: torch.Tensor) -> None:
+    """Give ``batch`` the log-probs TRL's off-policy mask measures the drift from (``sampling_per_token_logps``):
+    the sampler's (``sampling_logps``) where the generator gave them, else the old policy's ``old``."""
+    batch["sampling_per_token_logps"] = torch.where(batch["sampling_mask"].bool(), batch["sampling_logps"], old)
 
 
 def shared_prompt_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -235,6 +271,30 @@ class GRPOAdapter:
                 target.__dict__.pop("forward")
             else:
                 target.__dict__["forward"] = before
+
+    def off_policy_kept(self, batch: dict[str, torch.Tensor], new: torch.Tensor) -> torch.Tensor | None:
+        """TRL's off-policy mask of ``batch`` under the learner's log-probs ``new`` (1: kept; (B, 1), or (B, T) with
+        per-token advantages), as its loss applies it; None without ``off_policy_mask_threshold``."""
+        if self.args.off_policy_mask_threshold is None:
+            return None
+        advantages = batch["advantages"]
+        return self.trl.get_off_policy_mask(advantages.unsqueeze(1) if advantages.dim() == 1 else advantages, new,
+                                            batch["sampling_per_token_logps"], loss_mask(batch),
+                                            self.args.off_policy_mask_threshold)
+
+    def loss_state(self) -> dict[str, float]:
+        """What TRL's loss carries from one optimiser step to the next, as TRL's own checkpoints hold it: the
+        adaptive entropy controller's coefficient and last measured entropy (nothing without
+        ``use_adaptive_entropy``)."""
+        if not self.args.use_adaptive_entropy:
+            return {}
+        return {"entropy_coef": self.trl.entropy_coef, "last_world_entropy": self.trl._last_world_entropy}
+
+    def load_loss_state(self, state: dict[str, float]) -> None:
+        """Continue from ``loss_state``'s (one saved without adaptive entropy control, or empty: as configured)."""
+        if self.args.use_adaptive_entropy and state:
+            self.trl.entropy_coef = state["entropy_coef"]
+            self.trl._last_world_entropy = state["last_world_entropy"]
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate ``loss`` as TRL's accelerator does (loss scaling under fp16)."""

@@ -1,0 +1,91 @@
+"""TRL's loss knobs under ``trainer.*`` and ``policy.trainers.<policy>.*``: each composes from the command line and
+reaches TRL's config; a combination TRL would only warn of, or a knob the loss type would ignore, is a one-line
+error before anything is built."""
+
+import pytest
+import torch
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.team import policy_trainer
+from marl_cli.config.validate import check_overrides
+from marl_cli.plugins import register_configs
+from marl_cli.training.trl_adapter import grpo_args
+from tests.helpers import FAST, cli, train_config
+
+register_configs()
+TEAM = [*FAST, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role"]
+
+SET = {
+    "importance_sampling_level": "sequence",
+    "delta": 4.0,
+    "entropy_coef": 0.01,
+    "use_adaptive_entropy": True,
+    "entropy_target": 0.5,
+    "entropy_coef_delta": 0.01,
+    "entropy_coef_min": 0.001,
+    "entropy_coef_max": 0.1,
+    "top_entropy_quantile": 0.2,
+    "mask_truncated_completions": True,
+    "off_policy_mask_threshold": 0.5,
+}
+
+
+@pytest.mark.parametrize("key,value", SET.items(), ids=SET)
+def test_each_loss_key_composes_from_the_command_line_and_reaches_trl(tmp_path, key, value):
+    override = f"trainer.{key}={str(value).lower()}"
+    check_overrides("train", [*FAST, override])
+    trainer = train_config(*FAST, override).trainer
+    assert trainer[key] == value
+    assert getattr(grpo_args(trainer, 1.0, 8, tmp_path, 0, torch.device("cpu"), None), key) == value
+
+
+def test_a_policy_sets_its_own_loss_keys():
+    own = [f"+policy.trainers.plan.{key}={str(value).lower()}" for key, value in SET.items()]
+    check_overrides("train", [*TEAM, *own])
+    cfg = train_config(*TEAM, *own)
+    plan, tool = policy_trainer(cfg, "plan"), policy_trainer(cfg, "tool")
+    assert {key: plan[key] for key in SET} == SET
+    assert (tool.importance_sampling_level, tool.delta, tool.mask_truncated_completions) == ("token", None, False)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ("trainer.importance_sampling_level=sequence trainer.loss_type=dapo",
+     "trainer.importance_sampling_level=sequence with trainer.loss_type=dapo: a token-sum loss weights each "
+     "sequence's ratio by its length"),
+    ("trainer.importance_sampling_level=sequence trainer.loss_type=cispo",
+     "trainer.importance_sampling_level=sequence with trainer.loss_type=cispo"),
+    ("trainer.loss_type=luspo", "trainer.loss_type=luspo is a sequence-level loss: set "
+     "trainer.importance_sampling_level=sequence"),
+    ("trainer.loss_type=vespo trainer.importance_sampling_level=sequence",
+     "trainer.loss_type=vespo weights whole sequences itself: keep trainer.importance_sampling_level=token"),
+    ("trainer.loss_type=sapo trainer.delta=4", "trainer.delta=4.0: loss_type=sapo does not clip the ratio"),
+    ("trainer.delta=1.2", "trainer.delta=1.2 must exceed 1 + epsilon_high = 1.2"),
+    ("trainer.delta=1.25 trainer.epsilon_high=0.28", "trainer.delta=1.25 must exceed 1 + epsilon_high = 1.28"),
+    ("trainer.delta=1", "trainer.delta=1.0: must be > 1.0"),
+    ("trainer.importance_sampling_level=sentence", "trainer.importance_sampling_level: Invalid value 'sentence', "
+     "expected one of [token, sequence]"),
+    ("trainer.top_entropy_quantile=1.5", "trainer.top_entropy_quantile=1.5: must be >= 0.0 and <= 1.0"),
+    ("trainer.entropy_coef=-0.1", "trainer.entropy_coef=-0.1: must be >= 0.0"),
+    ("trainer.entropy_coef_delta=0", "trainer.entropy_coef_delta=0.0: must be > 0.0"),
+    ("trainer.entropy_coef_min=0.5 trainer.entropy_coef_max=0.1",
+     "trainer.entropy_coef_min=0.5 exceeds trainer.entropy_coef_max=0.1"),
+    ("trainer.off_policy_mask_threshold=-1", "trainer.off_policy_mask_threshold=-1.0: must be >= 0.0"),
+    ("trainer.mask_truncated_completions=maybe", "trainer.mask_truncated_completions: Value 'maybe'"),
+    (" ".join([*TEAM[1:], "+policy.trainers.plan.loss_type=bnpo", "+policy.trainers.plan.importance_sampling_level="
+                                                                  "sequence"]),
+     "policy.trainers.plan.importance_sampling_level=sequence with policy.trainers.plan.loss_type=bnpo"),
+    (" ".join([*TEAM[1:], "+policy.trainers.tool.delta=1.1"]), "policy.trainers.tool.delta=1.1 must exceed 1 + "),
+])
+def test_bad_combinations_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        check_overrides("train", [FAST[0], *overrides.split()])
+    assert str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_cli_refuses_a_bad_combination_before_a_run_dir(tmp_path):
+    out = cli("train", "trainer.loss_type=luspo", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["marl train: error: trainer.loss_type=luspo is a sequence-level loss: "
+                                               "set trainer.importance_sampling_level=sequence"]
+    assert not (tmp_path / "run").exists()
