@@ -43,6 +43,8 @@ def test_every_group_option_composes(group, option):
         overrides.append("env=math")
     if (group, option) in (("workflow", "deep_research"), ("workflow", "solo_research")):
         overrides.append("algorithm=m_grpo")  # workflows rewarded per trajectory train with M-GRPO
+    if (group, option) == ("credit", "igpo"):
+        overrides.append("algorithm.norm_group=episode")  # IGPO normalises every turn of a task together
     cfg = _compose(overrides)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     if (group, option) == ("rollout", "vllm") and importlib.util.find_spec("vllm") is None:
