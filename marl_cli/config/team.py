@@ -9,6 +9,7 @@ model is built.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +92,16 @@ def policy_model(cfg: DictConfig, name: str) -> DictConfig:
     return merged(cfg.model, cfg.policy.models.get(name, {}), ModelConfig, f"policy.models.{name}", MODEL_KEYS)
 
 
+def policy_models(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The policies that start from a model of their own (``policy.models``), with its config."""
+    return {name: policy_model(cfg, name) for name in cfg.policy.models}
+
+
+def model_key(model_cfg: Any) -> str:
+    """What tells two model configs apart: the config, resolved, as sorted JSON (equal keys: the same model)."""
+    return json.dumps(OmegaConf.to_container(model_cfg, resolve=True), sort_keys=True)
+
+
 def policy_trainer(cfg: DictConfig, name: str) -> DictConfig:
     """The update settings of policy ``name``: ``trainer`` with ``policy.trainers.<name>`` over it."""
     return merged(cfg.trainer, cfg.policy.trainers.get(name, {}), TrainerConfig, f"policy.trainers.{name}",
@@ -170,9 +181,10 @@ class Schedule:
         return sum(name in self.training(step) for step in range(1, total + 1))
 
 
-def check_team(cfg: DictConfig, role_map: dict[str, str], adapters: bool) -> None:
+def check_team(cfg: DictConfig, role_map: dict[str, str]) -> None:
     """The per-policy settings name policies the run has (each merged and checked), and the schedule has
-    something to train: one line each, before any model is built."""
+    something to train: one line each, before any model is built. (Under an adapter regime a policy's own model is
+    its own base: ``policies.roles.lora_bases``.)"""
     names = list(dict.fromkeys(role_map.values()))
     regime = cfg.policy.name
     for key in ("policy.models", "policy.trainers", "policy.frozen", "trainer.alternate_order"):
@@ -182,9 +194,6 @@ def check_team(cfg: DictConfig, role_map: dict[str, str], adapters: bool) -> Non
                 if regime == "shared" else " (map roles to policies with +policy.assignment.<role>=<policy>)"
             raise ConfigError(f"{key} names policies {unknown} that policy={regime} lacks; its policies: "
                               f"{names}{hint}")
-    if adapters and cfg.policy.models:
-        raise ConfigError(f"policy.models gives policies their own models; policy={regime} serves every role from "
-                          "one base model (use policy=per_role)")
     for name in cfg.policy.models:
         policy_model(cfg, name)
     for name in cfg.policy.trainers:

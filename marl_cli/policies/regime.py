@@ -3,8 +3,10 @@ adapter): building them, the adapter split after the warm-start phase, and loadi
 checkpoint (a resume, ``marl eval load=...``).
 
 ``shared``: every role acts through one model (roles differ by prompt). ``per_role``: each role has
-its own full model. ``lora_per_role``: one frozen base model and one peft LoRA adapter per role; the
-base is warm-started as a whole first, then the adapters are attached (``attach_adapters``).
+its own full model. ``lora_per_role``: one peft LoRA adapter per role on a frozen base model, one base per model
+config (``roles.lora_bases``: ``lora_base`` for the run's ``model``, ``lora_base_<policy>`` for a policy given its
+own in ``policy.models``); each base is warm-started as a whole first, then the adapters are attached
+(``attach_all_adapters``).
 ``policy.assignment`` maps roles to policy names explicitly for custom mixes (three roles on two
 policies, say).
 """
@@ -23,9 +25,9 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.team import policy_model
+from marl_cli.config.team import policy_models
 from marl_cli.policies.loading import DTYPES, load_model, load_tokenizer, resolve_source, save_once
-from marl_cli.policies.roles import LORA_BASE, REGIMES, uses_adapters
+from marl_cli.policies.roles import LORA_BASE, REGIMES, lora_bases, uses_adapters
 
 _ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -45,6 +47,8 @@ class Policy:
     version: int = 0
     """Counts the changes of the weights (``mark_updated``): a rollout backend holding its own copy syncs
     when it differs from the version it last received."""
+    base: str | None = None
+    """An adapter's frozen base model, by name (``lora_base``, ``lora_base_<policy>``); None for a full model."""
 
     def mark_updated(self) -> None:
         """The weights changed (an optimiser step, a warm start, a load): backends with their own copy re-sync."""
@@ -108,18 +112,20 @@ def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir:
 
     Each policy starts from ``model_cfg``, or from its own entry of ``models`` (a team of different models,
     ``config.team.policy_model``: its own tiny model is saved under ``workdir/tiny_init_<name>``, its own dtype).
-    Under ``lora_per_role`` this returns the one base model as a policy named ``base`` serving every
-    role (what the warm start trains); ``attach_adapters`` then splits it into per-role adapters.
+    Under ``lora_per_role`` this returns the base models instead (``roles.lora_bases``: ``lora_base`` and one
+    ``lora_base_<policy>`` per other model config), each serving its policies' roles (what the warm start trains);
+    ``attach_all_adapters`` then splits each into its policies' adapters.
     ``master_weights`` (training): a bf16/fp16 ``model.dtype`` loads fp32 weights and computes in that
     dtype (mixed precision), so small updates are not rounded away.
     """
+    models = models or {}
     if REGIMES.get(regime).adapters:
-        role_map = dict.fromkeys(role_map, LORA_BASE)
+        role_map, models = _as_bases(role_map, model_cfg, models)
     policies: dict[str, Policy] = {}
     place = device if isinstance(device, Placement) else Placement(device)
     for role, name in role_map.items():
         if name not in policies:
-            own = (models or {}).get(name, model_cfg)
+            own = models.get(name, model_cfg)
             source = (sources or {}).get(name) or resolve_source(own, seed, workdir,
                                                                  "" if own is model_cfg else f"_{name}")
             compute = DTYPES.get(own.dtype)
@@ -130,42 +136,73 @@ def build_policies(role_map: dict[str, str], model_cfg: Any, seed: int, workdir:
     return policies
 
 
-def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, workdir: Path,
-                    adapters: dict[str, str] | None = None) -> dict[str, Policy]:
-    """Freeze ``base`` (saved once under ``workdir/lora_base``) and give each policy name a LoRA adapter.
+def _as_bases(role_map: dict[str, str], model_cfg: Any, models: dict[str, Any]) -> tuple[dict[str, str],
+                                                                                         dict[str, Any]]:
+    """An adapter regime's role → base map, and the model config of each base not of ``model_cfg``."""
+    bases = lora_bases(role_map, model_cfg, models)
+    return ({role: bases[name] for role, name in role_map.items()},
+            {bases[name]: own for name, own in models.items() if name in bases and bases[name] != LORA_BASE})
 
-    ``adapters`` maps policy names to checkpoint dirs whose adapter weights are loaded (resume).
-    """
+
+def _lora_config(policy_cfg: Any) -> LoraConfig:
+    """peft's ``LoraConfig`` for ``policy.lora_*``."""
     if policy_cfg.lora_r < 1:
         raise ConfigError(f"policy.lora_r must be at least 1, got {policy_cfg.lora_r}")
-    base_dir = workdir / LORA_BASE
-    save_once(base_dir, lambda path: (base.model.save_pretrained(path), base.tokenizer.save_pretrained(path)))
     targets = policy_cfg.lora_target_modules
-    lora = LoraConfig(r=policy_cfg.lora_r, lora_alpha=policy_cfg.lora_alpha, lora_dropout=policy_cfg.lora_dropout,
+    return LoraConfig(r=policy_cfg.lora_r, lora_alpha=policy_cfg.lora_alpha, lora_dropout=policy_cfg.lora_dropout,
                       target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")],
                       task_type="CAUSAL_LM")
+
+
+def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, workdir: Path,
+                    adapters: dict[str, str] | None = None) -> dict[str, Policy]:
+    """Freeze ``base`` (saved once under ``workdir/<base name>``) and give each policy that its roles (``base.roles``)
+    act through in ``role_map`` a LoRA adapter on it.
+
+    ``adapters`` maps policy names to checkpoint dirs whose adapter weights are loaded (resume); those of policies
+    of other bases are left to theirs.
+    """
+    lora = _lora_config(policy_cfg)
+    role_map = {role: role_map[role] for role in base.roles}
+    base_dir = workdir / base.name
+    save_once(base_dir, lambda path: (base.model.save_pretrained(path), base.tokenizer.save_pretrained(path)))
     names = list(dict.fromkeys(role_map.values()))
     model: PeftModel = get_peft_model(base.model, lora, adapter_name=names[0])
     for name in names[1:]:
         model.add_adapter(name, lora)
     for name, path in (adapters or {}).items():
-        set_peft_model_state_dict(model, load_file(str(Path(path) / _ADAPTER_FILE)), adapter_name=name)
+        if name in names:
+            try:
+                set_peft_model_state_dict(model, load_file(str(Path(path) / _ADAPTER_FILE)), adapter_name=name)
+            except RuntimeError as exc:  # a size mismatch: the adapter was trained on another model
+                raise ConfigError(f"the adapter in {path} does not fit the base {base.name} ({base.source}): the "
+                                  "run's model or policy.models differ from this config's") from exc
     policies = {name: Policy(name, model, base.tokenizer, str(base_dir), adapter=name,
-                             compute_dtype=base.compute_dtype) for name in names}
+                             compute_dtype=base.compute_dtype, base=base.name) for name in names}
     for role, name in role_map.items():
         policies[name].roles.append(role)
     return policies
 
 
-def policy_models(cfg: Any) -> dict[str, Any]:
-    """The policies that start from a model of their own (``policy.models``), with its config."""
-    return {name: policy_model(cfg, name) for name in cfg.policy.models}
+def attach_all_adapters(bases: dict[str, Policy], role_map: dict[str, str], policy_cfg: Any, workdir: Path,
+                        adapters: dict[str, str] | None = None) -> dict[str, Policy]:
+    """``attach_adapters`` on every base of ``bases`` (``build_policies`` under an adapter regime): every policy of
+    ``role_map`` as an adapter on the base of its roles, by name."""
+    return {name: policy for base in bases.values()
+            for name, policy in attach_adapters(base, role_map, policy_cfg, workdir, adapters).items()}
 
 
 def routing(role_map: dict[str, str], policies: dict[str, Policy]) -> dict[str, str]:
-    """Role → the policy that acts for it now: an adapter regime's base serves every role until the
-    adapters attach (the warm-start phase and its evals); otherwise each role's own policy."""
-    return dict.fromkeys(role_map, LORA_BASE) if LORA_BASE in policies else dict(role_map)
+    """Role → the policy that acts for it now: the one of ``policies`` serving it (an adapter regime's base until
+    the adapters attach: the warm-start phase and its evals), else its own policy in ``role_map``."""
+    acting = {role: name for name, policy in policies.items() for role in policy.roles}
+    return {role: acting.get(role, name) for role, name in role_map.items()}
+
+
+def base_dirs(cfg: Any, role_map: dict[str, str], run_dir: Path) -> dict[str, str]:
+    """Where an adapter regime's run keeps each base its policies of ``role_map`` sit on: ``<run_dir>/<base>``."""
+    bases = lora_bases(role_map, cfg.model, policy_models(cfg))
+    return {base: str(run_dir / base) for base in dict.fromkeys(bases.values())}
 
 
 def saved_policies(checkpoint: Path) -> dict[str, Path]:
@@ -178,12 +215,13 @@ def policy_dirs(checkpoint: Path, names: set[str]) -> dict[str, str]:
     return {name: str(checkpoint / "policies" / name) for name in names}
 
 
-def resume_sources(policy_cfg: Any, run_dir: Path, checkpoint: Path, names: set[str]) -> dict[str, str]:
-    """Where a resumed run's policies load from: each full model from ``checkpoint``; an adapter regime's
-    base from the run's ``lora_base/`` (its adapters load when they attach, ``checkpoint_adapters``)."""
-    if uses_adapters(policy_cfg):
-        return {LORA_BASE: str(run_dir / LORA_BASE)}
-    return policy_dirs(checkpoint, names)
+def resume_sources(cfg: Any, run_dir: Path, checkpoint: Path, role_map: dict[str, str]) -> dict[str, str]:
+    """Where a resumed run's policies (those of ``role_map``) load from: each full model from ``checkpoint``; an
+    adapter regime's bases from the run's ``lora_base/`` (and ``lora_base_<policy>/``, ``base_dirs``; the adapters
+    load when they attach, ``checkpoint_adapters``)."""
+    if uses_adapters(cfg.policy):
+        return base_dirs(cfg, role_map, run_dir)
+    return policy_dirs(checkpoint, set(role_map.values()))
 
 
 def checkpoint_adapters(checkpoint: Path | None, names: set[str]) -> dict[str, str] | None:
@@ -195,7 +233,7 @@ def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoin
                     device: torch.device | Placement, workdir: Path) -> dict[str, Policy]:
     """The policies saved in ``checkpoint`` of ``run_dir``, for ``role_map`` (evaluation): each by its
     name, or every one from a checkpoint's only policy. Adapter checkpoints load onto the run's saved
-    base and need an adapter regime; full models need a full-model regime."""
+    bases (``load_adapters``) and need an adapter regime; full models need a full-model regime."""
     saved = saved_policies(checkpoint)
     adapters = {n for n, p in saved.items() if not (p / "config.json").exists()}
     wanted = set(role_map.values())
@@ -204,12 +242,7 @@ def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoin
         if not adapter_regime:
             raise ConfigError(f"load={checkpoint} holds LoRA adapters ({', '.join(sorted(adapters))}); "
                               "evaluate it with policy=lora_per_role (and the run's policy.lora_* settings)")
-        base = build_policies(role_map, cfg.model, cfg.seed, workdir, device, {LORA_BASE: str(run_dir / LORA_BASE)},
-                              cfg.policy.name)[LORA_BASE]
-        missing = sorted(wanted - set(saved))
-        if missing:
-            raise ConfigError(f"load={checkpoint}: no adapter for policies {missing}; it has {sorted(saved)}")
-        return attach_adapters(base, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})
+        return load_adapters(cfg, role_map, run_dir, checkpoint, device, workdir)
     if adapter_regime:
         raise ConfigError(f"load={checkpoint} holds full models; evaluate it with policy=shared or policy=per_role")
     if len(saved) == 1:
@@ -222,3 +255,26 @@ def load_checkpoint(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoin
         sources = {n: str(saved[n]) for n in wanted}
     return build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name,
                           models=policy_models(cfg))
+
+
+def load_adapters(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoint: Path,
+                  device: torch.device | Placement, workdir: Path) -> dict[str, Policy]:
+    """The adapters saved in ``checkpoint``, for ``role_map``, each on the base of ``run_dir`` its model config names
+    (``base_dirs``): a base the config names that the run lacks, or, when every saved adapter is wanted, one the run
+    saved that the config does not name (the run's ``policy.models`` left out), is a one-line error."""
+    saved = saved_policies(checkpoint)
+    wanted = set(role_map.values())
+    missing = sorted(wanted - set(saved))
+    if missing:
+        raise ConfigError(f"load={checkpoint}: no adapter for policies {missing}; it has {sorted(saved)}")
+    sources = base_dirs(cfg, role_map, run_dir)
+    kept = sorted(p.name for p in run_dir.iterdir()
+                  if p.is_dir() and (p.name == LORA_BASE or p.name.startswith(f"{LORA_BASE}_")))
+    unsaved = sorted(set(sources) - set(kept))
+    unused = sorted(set(kept) - set(sources)) if wanted == set(saved) else []
+    if unsaved or unused:
+        raise ConfigError(f"load={checkpoint}: the run saved the bases {kept}, this config's policies sit on "
+                          f"{sorted(sources)}; evaluate with the run's policy.models")
+    bases = build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name,
+                           models=policy_models(cfg))
+    return attach_all_adapters(bases, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})

@@ -1,8 +1,9 @@
 """The policy regimes by name and the role→policy map each gives (no models: safe to use while validating).
 
 A regime says which policy a role acts through by default and what a policy is: a full model, or a
-LoRA adapter on one frozen base model (``adapters``: the base is warm-started as a whole first, saved
-once per run under ``lora_base/``, and checkpoints hold only the adapters). A new regime is one
+LoRA adapter on a frozen base model (``adapters``: the policies of one model config share a base, ``lora_bases``;
+each base is warm-started as a whole first, saved once per run under ``lora_base/`` or ``lora_base_<policy>/``,
+and checkpoints hold only the adapters). A new regime is one
 ``REGIMES.register`` line (here, or in a plug-in module with its schema and check) plus its
 ``conf/policy/<name>.yaml``. The rules every regime shares (roles and their policies, decoupled trainers,
 what adapters cannot do) are ``check_regime``, run by ``config.validate`` before a run starts.
@@ -17,31 +18,44 @@ from typing import Any
 from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
-from marl_cli.config.team import check_team
+from marl_cli.config.team import check_team, model_key
 from marl_cli.rollout.scripted import check_scripted, scripted_roles
 
 LORA_BASE = "lora_base"
-"""Where an adapter regime keeps its frozen (warm-started) base model, under the run dir."""
+"""The name of an adapter regime's frozen (warm-started) base model of the run's ``model``, and where the run dir
+keeps it; a base of another model config is ``lora_base_<its first policy>`` (``lora_bases``)."""
 
 
 @dataclass(frozen=True)
 class Regime:
-    """How roles map to policies, and whether the policies are adapters on one frozen base.
+    """How roles map to policies, and whether the policies are adapters on frozen base models.
 
     Args:
         policy_of: the policy a role acts through unless ``policy.assignment`` names another.
-        adapters: each policy is a LoRA adapter on one frozen base model.
+        adapters: each policy is a LoRA adapter on the frozen base model of its model config (``lora_bases``).
     """
 
     policy_of: Callable[[str], str]
     adapters: bool = False
 
 
-
-
 def uses_adapters(policy_cfg: Any) -> bool:
-    """Whether ``policy_cfg``'s regime makes every policy a LoRA adapter on one frozen base."""
+    """Whether ``policy_cfg``'s regime makes every policy a LoRA adapter on a frozen base."""
     return REGIMES.get(policy_cfg.name).adapters
+
+
+def lora_bases(role_map: dict[str, str], model_cfg: Any, models: dict[str, Any]) -> dict[str, str]:
+    """Under an adapter regime, the frozen base each policy's adapter sits on, by policy. The policies whose model
+    config (their entry of ``models``, ``config.team.policy_models``, else ``model_cfg``) is the same share one base:
+    ``model_cfg``'s is ``lora_base`` (``LORA_BASE``), any other ``lora_base_<its first policy>`` (in the order the
+    roles of ``role_map`` first name them)."""
+    default = model_key(model_cfg)
+    named: dict[str, str] = {}
+    bases = {}
+    for policy in dict.fromkeys(role_map.values()):
+        key = model_key(models.get(policy, model_cfg))
+        bases[policy] = named.setdefault(key, LORA_BASE if key == default else f"{LORA_BASE}_{policy}")
+    return bases
 
 
 def assign_roles(policy_cfg: Any, roles: list[str]) -> dict[str, str]:
@@ -75,12 +89,12 @@ def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
 
 
 def check_adapters(cfg: Any) -> None:
-    """What a regime of adapters on one frozen base cannot do: place policies on devices, shard full-model
+    """What a regime of adapters on frozen bases cannot do: place policies on devices, shard full-model
     learners, start from full-model checkpoints, or evaluate without trained adapters."""
     name = cfg.policy.name
     if cfg.policy.devices:
-        raise ConfigError(f"policy.devices places full-model policies; policy={name} serves every role "
-                          "from one base model")
+        raise ConfigError(f"policy.devices places full-model policies; policy={name} serves its roles from frozen "
+                          "base models on the run's device")
     if cfg.trainer.sharding != "none":
         raise ConfigError(f"trainer.sharding={cfg.trainer.sharding} splits full-model learners across processes; "
                           f"policy={name} trains small adapters on a frozen base (use policy=shared or "
@@ -99,7 +113,7 @@ def check_regime(cfg: Any) -> None:
     check_scripted(cfg)
     role_map = assign_roles(cfg.policy, list(cfg.workflow.roles))
     sub_roles(cfg, role_map)
-    check_team(cfg, role_map, uses_adapters(cfg.policy))
+    check_team(cfg, role_map)
     if uses_adapters(cfg.policy):
         check_adapters(cfg)
 

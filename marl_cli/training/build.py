@@ -15,21 +15,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli import determinism
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.team import role_sampling
+from marl_cli.config.team import policy_models, role_sampling
 from marl_cli.config.validate import check_config, check_device
 from marl_cli.envs import ENVS, build_env
 from marl_cli.policies.regime import (
     Placement,
     Policy,
-    attach_adapters,
+    attach_all_adapters,
     build_policies,
     load_checkpoint,
     policy_dirs,
-    policy_models,
     resume_sources,
     routing,
 )
-from marl_cli.policies.roles import LORA_BASE, assign_roles, sub_roles
+from marl_cli.policies.roles import assign_roles, sub_roles, uses_adapters
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.engine import Rollout, RolloutResult
@@ -155,7 +154,7 @@ class PolicySource:
         names = set(owned.values())
         sources = None
         if self.checkpoint is not None:
-            sources = resume_sources(cfg.policy, run_dir, self.checkpoint, names)
+            sources = resume_sources(cfg, run_dir, self.checkpoint, owned)
         elif self.init_from is not None:
             sources = initial_policies(self.init_from, names)
         return build_policies(owned, cfg.model, init_seed(cfg), run_dir, device, sources, cfg.policy.name,
@@ -189,12 +188,12 @@ class Run:
 
     @property
     def policies(self) -> dict[str, Policy]:
-        """The policies built (under ``lora_per_role`` the base until adapters attach)."""
+        """The policies built (under ``lora_per_role`` the bases until adapters attach)."""
         return self.rollout.policies
 
     @property
     def routing(self) -> dict[str, str]:
-        """Role → the policy that acts for it now (the LoRA base until adapters attach)."""
+        """Role → the policy that acts for it now (its LoRA base until adapters attach)."""
         return self.rollout.routing
 
     @property
@@ -220,13 +219,13 @@ class Run:
 
     @property
     def adapters_pending(self) -> bool:
-        """An adapter regime whose base has not been split into adapters yet (before ``attach_adapters``)."""
-        return LORA_BASE in self.policies
+        """An adapter regime whose bases have not been split into adapters yet (before ``attach_adapters``)."""
+        return uses_adapters(self.cfg.policy) and all(p.adapter is None for p in self.policies.values())
 
     def attach_adapters(self, saved: dict[str, str] | None = None) -> None:
-        """Adapter regimes: split the (warm-started) base into one adapter per policy, loading ``saved``
+        """Adapter regimes: split each (warm-started) base into one adapter per policy it serves, loading ``saved``
         adapter dirs by policy name (a resume); every role acts through its own adapter from then on."""
-        policies = attach_adapters(self.policies[LORA_BASE], self.role_map, self.cfg.policy, self.run_dir, saved)
+        policies = attach_all_adapters(self.policies, self.role_map, self.cfg.policy, self.run_dir, saved)
         self.rollout.policies = policies
         self.rollout.routing = {**self.rollout.routing, **routing(self.role_map, policies)}  # scripted roles stay
 

@@ -2,10 +2,11 @@
 
 Layout: ``<run>/checkpoints/step_<N>/policies/<policy>/``, ``<run>/checkpoints/step_<N>/state.pt`` and
 ``manifest.json`` (the size and SHA-256 of every file). LoRA policies store only their adapter; their
-frozen base stays in ``<run>/lora_base``. A checkpoint is written to a temporary directory and renamed,
-so a crash never leaves a partial one; ``trainer.save_total_limit`` deletes the oldest ones after each
-save. A resume (and ``marl eval load=<run>``) checks the newest checkpoint against its manifest and falls
-back to the newest intact one, with a warning naming the damaged ones.
+frozen base stays in ``<run>/lora_base`` (a base of another model config in ``<run>/lora_base_<policy>``).
+A checkpoint is written to a temporary directory and renamed, so a crash never leaves a partial one;
+``trainer.save_total_limit`` deletes the oldest ones after each save. A resume (and ``marl eval load=<run>``)
+checks the newest checkpoint against its manifest and falls back to the newest intact one, with a warning
+naming the damaged ones.
 """
 
 from __future__ import annotations

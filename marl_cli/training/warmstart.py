@@ -21,8 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, TrainerCallback
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.team import policy_model
+from marl_cli.config.team import model_key, policy_model
 from marl_cli.policies.regime import Policy
+from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.generation import Sampling
 from marl_cli.tracking.console import draws_bars
 from marl_cli.training.build import build_team, init_seed, sampling_from
@@ -206,14 +207,17 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
     unless ``policy.models`` gives some their own) warm-start one model on the demonstrations of all their roles
     (``base``; ``base_<policy>`` per group in a team of different models), and each starts as a copy of it, as
     every policy of the papers starts from one pre-trained model; otherwise each policy learns its own roles'
-    demonstrations. Under ``trainer.swap_roles_every`` every policy will act for every role, so learns them all (but
-    the scripted ones, ``policy.scripted``: no policy acts for them, and none learns their demonstrations).
+    demonstrations. Under an adapter regime ``policies`` are the frozen bases (one per model config): each
+    warm-starts alone on the demonstrations of the roles it serves. Under ``trainer.swap_roles_every`` every policy
+    will act for every role, so learns them all (but the scripted ones, ``policy.scripted``: no policy acts for them,
+    and none learns their demonstrations).
     """
     groups: dict[str, list[Policy]] = {}
-    models = {name: policy_model(cfg, name) for name in policies}
+    policy_of = assign_roles(cfg.policy, list(cfg.workflow.roles))
+    # the model config of the policy a role acts through (a base's: that of the policies whose roles it serves)
+    models = {name: policy_model(cfg, policy_of[policy.roles[0]]) for name, policy in policies.items()}
     for name, policy in policies.items():
-        key = json.dumps(OmegaConf.to_container(models[name], resolve=True), sort_keys=True)
-        groups.setdefault(key, []).append(policy)
+        groups.setdefault(model_key(models[name]), []).append(policy)
     shared = cfg.trainer.warmstart.shared_base
     metrics = {}
     for members in groups.values():

@@ -1,6 +1,8 @@
-"""Policy regimes: updates reach only the policy a row is routed to; LoRA never touches the base."""
+"""Policy regimes: updates reach only the policy a row is routed to; LoRA never touches the base, and the policies
+of one model config share a base (one base per model config)."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,8 +11,8 @@ from omegaconf import OmegaConf
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig, PolicyConfig, TrainerConfig
 from marl_cli.policies.loading import load_model
-from marl_cli.policies.regime import attach_adapters, build_policies
-from marl_cli.policies.roles import LORA_BASE, assign_roles
+from marl_cli.policies.regime import attach_adapters, attach_all_adapters, build_policies, routing
+from marl_cli.policies.roles import LORA_BASE, assign_roles, lora_bases
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import resolve_device
 from marl_cli.training.policy_trainer import PolicyTrainer
@@ -101,3 +103,50 @@ def test_a_model_that_cannot_be_loaded_is_one_line():
     if not torch.backends.mps.is_available():
         with pytest.raises(ConfigError, match="device='mps' but this machine has no MPS"):
             resolve_device("mps")
+
+
+def _tiny(**change) -> ModelConfig:
+    return OmegaConf.structured(ModelConfig(tiny=replace(SMALL, **change)))
+
+
+def test_the_policies_of_one_model_config_share_a_base():
+    role_map, model = {"tool": "tool", "plan": "plan"}, _tiny()
+    other, same = _tiny(hidden_size=48, head_dim=8), _tiny()
+    assert lora_bases(role_map, model, {}) == {"tool": LORA_BASE, "plan": LORA_BASE}
+    assert lora_bases(role_map, model, {"tool": other}) == {"tool": "lora_base_tool", "plan": LORA_BASE}
+    assert lora_bases(role_map, model, {"plan": same}) == {"tool": LORA_BASE, "plan": LORA_BASE}  # changes nothing
+    both = {"tool": other, "plan": _tiny(hidden_size=48, head_dim=8)}  # one model, not the run's: named by its first
+    assert lora_bases(role_map, model, both) == {"tool": "lora_base_tool", "plan": "lora_base_tool"}
+    three = {"tool": "tool", "plan": "plan", "check": "check"}
+    assert lora_bases(three, model, {"plan": other, "check": other}) == {
+        "tool": LORA_BASE, "plan": "lora_base_plan", "check": "lora_base_plan"}
+
+
+def test_each_adapter_sits_on_the_base_of_its_model_and_round_trips_through_a_checkpoint(tmp_path):
+    cfg = _policy_cfg("lora_per_role")
+    role_map = assign_roles(cfg, ROLES)
+    models = {"tool": _tiny(hidden_size=48, head_dim=8, num_hidden_layers=2)}
+    bases = build_policies(role_map, _tiny(), 0, tmp_path, torch.device("cpu"), regime="lora_per_role", models=models)
+    assert {n: (b.roles, b.model.config.hidden_size) for n, b in bases.items()} == {
+        "lora_base_tool": (["tool"], 48), LORA_BASE: (["plan"], 32)}
+    assert routing(role_map, bases) == {"tool": "lora_base_tool", "plan": LORA_BASE}
+    policies = attach_all_adapters(bases, role_map, cfg, tmp_path)
+    assert routing(role_map, policies) == role_map
+    for name, base in (("tool", "lora_base_tool"), ("plan", LORA_BASE)):
+        policy = policies[name]
+        assert policy.base == base and policy.model.get_base_model() is bases[base].model
+        assert list(policy.model.peft_config) == [name]  # no adapter of the other base's policy on it
+        assert (tmp_path / base / "config.json").exists()
+    _trainers(policies, tmp_path)["tool"].update(_rows("tool", "tool"), random.Random(0))
+    for name, policy in policies.items():
+        policy.save(tmp_path / "ckpt" / name)
+    expected = _snapshot(policies["tool"].model, lambda k: "lora_" in k)
+    sources = {b: str(tmp_path / b) for b in bases}
+    again = build_policies(role_map, _tiny(), 0, tmp_path / "other", torch.device("cpu"), sources, "lora_per_role",
+                           models=models)
+    saved = {n: str(tmp_path / "ckpt" / n) for n in ROLES}
+    restored = attach_all_adapters(again, role_map, cfg, tmp_path / "other", saved)
+    assert not _changed(expected, restored["tool"].model)
+    one = build_policies(role_map, _tiny(), 0, tmp_path / "one", torch.device("cpu"), regime="lora_per_role")
+    with pytest.raises(ConfigError, match=r"^the adapter in .*/ckpt/tool does not fit the base lora_base "):
+        attach_all_adapters(one, role_map, cfg, tmp_path / "one", {"tool": str(tmp_path / "ckpt" / "tool")})
