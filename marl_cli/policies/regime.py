@@ -155,21 +155,24 @@ def _lora_config(policy_cfg: Any) -> LoraConfig:
 
 
 def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, workdir: Path,
-                    adapters: dict[str, str] | None = None) -> dict[str, Policy]:
+                    adapters: dict[str, str] | None = None, seed: int = 0) -> dict[str, Policy]:
     """Freeze ``base`` (saved once under ``workdir/<base name>``) and give each policy that its roles (``base.roles``)
     act through in ``role_map`` a LoRA adapter on it.
 
-    ``adapters`` maps policy names to checkpoint dirs whose adapter weights are loaded (resume); those of policies
-    of other bases are left to theirs.
+    The adapters' initial weights are drawn from ``seed`` alone (torch's generators are left as they were), so they
+    do not depend on what ran before: a warm start, or its reuse from the cache. ``adapters`` maps policy names to
+    checkpoint dirs whose adapter weights are loaded (resume); those of policies of other bases are left to theirs.
     """
     lora = _lora_config(policy_cfg)
     role_map = {role: role_map[role] for role in base.roles}
     base_dir = workdir / base.name
     save_once(base_dir, lambda path: (base.model.save_pretrained(path), base.tokenizer.save_pretrained(path)))
     names = list(dict.fromkeys(role_map.values()))
-    model: PeftModel = get_peft_model(base.model, lora, adapter_name=names[0])
-    for name in names[1:]:
-        model.add_adapter(name, lora)
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+        torch.manual_seed(seed)
+        model: PeftModel = get_peft_model(base.model, lora, adapter_name=names[0])
+        for name in names[1:]:
+            model.add_adapter(name, lora)
     for name, path in (adapters or {}).items():
         if name in names:
             try:
@@ -185,11 +188,11 @@ def attach_adapters(base: Policy, role_map: dict[str, str], policy_cfg: Any, wor
 
 
 def attach_all_adapters(bases: dict[str, Policy], role_map: dict[str, str], policy_cfg: Any, workdir: Path,
-                        adapters: dict[str, str] | None = None) -> dict[str, Policy]:
+                        adapters: dict[str, str] | None = None, seed: int = 0) -> dict[str, Policy]:
     """``attach_adapters`` on every base of ``bases`` (``build_policies`` under an adapter regime): every policy of
     ``role_map`` as an adapter on the base of its roles, by name."""
     return {name: policy for base in bases.values()
-            for name, policy in attach_adapters(base, role_map, policy_cfg, workdir, adapters).items()}
+            for name, policy in attach_adapters(base, role_map, policy_cfg, workdir, adapters, seed).items()}
 
 
 def routing(role_map: dict[str, str], policies: dict[str, Policy]) -> dict[str, str]:
@@ -277,4 +280,4 @@ def load_adapters(cfg: Any, role_map: dict[str, str], run_dir: Path, checkpoint:
                           f"{sorted(sources)}; evaluate with the run's policy.models")
     bases = build_policies(role_map, cfg.model, cfg.seed, workdir, device, sources, cfg.policy.name,
                            models=policy_models(cfg))
-    return attach_all_adapters(bases, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted})
+    return attach_all_adapters(bases, role_map, cfg.policy, workdir, {n: str(saved[n]) for n in wanted}, cfg.seed)

@@ -223,9 +223,11 @@ class Run:
         return uses_adapters(self.cfg.policy) and all(p.adapter is None for p in self.policies.values())
 
     def attach_adapters(self, saved: dict[str, str] | None = None) -> None:
-        """Adapter regimes: split each (warm-started) base into one adapter per policy it serves, loading ``saved``
-        adapter dirs by policy name (a resume); every role acts through its own adapter from then on."""
-        policies = attach_all_adapters(self.policies, self.role_map, self.cfg.policy, self.run_dir, saved)
+        """Adapter regimes: split each (warm-started) base into one adapter per policy it serves (drawn from the run
+        seed), loading ``saved`` adapter dirs by policy name (a resume); every role acts through its own adapter from
+        then on."""
+        policies = attach_all_adapters(self.policies, self.role_map, self.cfg.policy, self.run_dir, saved,
+                                       self.cfg.seed)
         self.rollout.policies = policies
         self.rollout.routing = {**self.rollout.routing, **routing(self.role_map, policies)}  # scripted roles stay
 
