@@ -1,7 +1,7 @@
 """The ``vllm`` rollout backend: vLLM engines colocated in this process, kept in sync with the learner.
 
 One engine per full-model policy (``shared``: one; ``per_role``: one per role's model; ``lora_per_role``:
-one engine on the frozen base, each role's adapter a LoRA request), each started from its policy's own source,
+one engine per frozen base, each policy's adapter a LoRA request on its base's), each started from its own source,
 so a team of different models (``policy.models``) gets engines of different architectures, tokenizers, dtypes
 and context lengths. Before each
 generate call the generator compares the policy's weights' fingerprint with what the engine last received
@@ -40,7 +40,6 @@ import torch
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
-from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.generation import Generation, Sampling, as_sampled, encode_prompts, end_token_ids
 from marl_cli.rollout.vllm_install import INSTALL
 
@@ -71,9 +70,9 @@ def fingerprint(policy: Policy) -> tuple[int, tuple[tuple[int, int], ...]]:
 class VLLMGenerator:
     """Generates with one vLLM engine per full-model policy, syncing the learner's weights before use.
 
-    Under an adapter regime (``lora_rank`` set) one engine serves the frozen base and every policy is a
-    LoRA request on it: the base weights are pushed once the adapters are attached, and each adapter is
-    written to a temporary dir and requested under a new id whenever its policy changed.
+    Under an adapter regime (``lora_rank`` set) one engine serves each frozen base (``Policy.base``) and every
+    policy is a LoRA request on its base's: the base weights are pushed once the adapters are attached, and each
+    adapter is written to a temporary dir and requested under a new id whenever its policy changed.
 
     Args:
         settings: ``rollout.vllm`` (memory share, tensor-parallel size, sleep mode, KV cache on CPU).
@@ -84,7 +83,7 @@ class VLLMGenerator:
             otherwise.
         seed: the engines' sampling seed (each process of a multi-process run adds its rank).
         lora_rank: the adapters' rank (``policy.lora_r``) under an adapter regime, else None.
-        max_loras: how many adapters one batch may mix (the regime's policies).
+        max_loras: how many adapters one batch of an engine may mix (the regime's policies).
     """
 
     def __init__(self, settings: Any, dtype: str, max_model_len: int, seed: int, lora_rank: int | None = None,
@@ -111,8 +110,11 @@ class VLLMGenerator:
             if key not in self.engines:
                 self.engines[key] = self._start(policy)
 
-    def _key(self, policy: Policy) -> str:
-        return LORA_BASE if self.lora_rank else policy.name
+    @staticmethod
+    def _key(policy: Policy) -> str:
+        """The engine serving ``policy``: its own, or an adapter's base's (named as the base was before the
+        adapters attached, so the warm-started base's engine serves its adapters)."""
+        return policy.base or policy.name
 
     def engine(self, policy: Policy) -> Any:
         """The engine serving ``policy``'s model, started on first use, holding the learner's current weights

@@ -3,7 +3,8 @@
 The engine must generate what the learner would: greedy completions equal to HF's before and after
 the learner's weights change (so the sync happened), sampled-token log-probs equal to the learner's, a
 role's own sampling (top-k, min-p, new tokens, stop strings cut where HF cuts) honoured, and whole AT-GRPO
-runs train through it, a team of two different models among them.
+runs train through it, teams of two different models among them (full models, and LoRA adapters on a base per
+model: one engine per base).
 """
 
 import json
@@ -304,6 +305,52 @@ def test_a_lora_per_role_run_trains_through_vllm(tmp_path):
     for record in steps:
         for name in ("tool", "plan"):
             assert record[f"train/{name}/logprob_gap/mean"] < 1e-5
+
+
+LORA_GROUPS = [*VLLM, "policy=lora_per_role", "policy.lora_r=8", "workflow=tool_plan", "algorithm=at_grpo",
+               "+policy.models.tool.tiny.num_hidden_layers=2", "+policy.models.tool.tiny.hidden_size=64",
+               "+policy.models.tool.tiny.intermediate_size=128"]
+"""A LoRA team on two bases: the tool policy's adapter on a 2-layer model of its own (``lora_base_tool``), the plan
+policy's on the run's model (``lora_base``)."""
+
+
+def test_a_lora_team_of_two_models_serves_each_adapter_from_its_bases_engine(tmp_path):
+    run = build_run(train_config(*LORA_GROUPS), tmp_path / "run")
+    with torch.no_grad():  # the warm-start phase: each base (a full model) changes before adapters attach
+        gen = torch.Generator().manual_seed(1)
+        for base in run.policies.values():
+            for p in base.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    for base in run.policies.values():  # before the adapters attach each base generates on its own engine
+        hf = _ids(HFGenerator().generate(base, PROMPTS, GREEDY))
+        assert _ids(run.generator.generate(base, PROMPTS, GREEDY)) == hf, base.name
+    run.attach_adapters()
+    with torch.no_grad():  # adapters that change what each base answers
+        for name in ("tool", "plan"):
+            for key, p in run.policies[name].model.named_parameters():
+                if f"lora_B.{name}." in key:
+                    p.normal_(0, 0.1, generator=gen)
+    for name in ("tool", "plan"):
+        policy = run.policies[name]
+        assert _ids(run.generator.generate(policy, PROMPTS, GREEDY)) == \
+            _ids(HFGenerator().generate(policy, PROMPTS, GREEDY)), name
+    assert sorted(run.generator.engines) == sorted([LORA_BASE, f"{LORA_BASE}_tool"])  # one engine per base
+    plan = run.policies["plan"]
+    _one_update(run, plan, tmp_path)  # the trained adapter is requested again on its base's engine
+    assert _ids(run.generator.generate(plan, PROMPTS, GREEDY)) == _ids(HFGenerator().generate(plan, PROMPTS, GREEDY))
+
+
+def test_a_lora_team_of_two_models_trains_through_vllm(tmp_path):
+    cfg = train_config(*LORA_GROUPS, "workflow.max_turns=1", "trainer.steps=2", "trainer.mini_batch_size=4",
+                       "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=16")
+    assert train(cfg, tmp_path / "run")["status"] == "completed"
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"train/reward"' in line]
+    assert len(steps) == 2
+    for record in steps:  # each engine generated with its base as warm-started and each adapter as trained
+        for name in ("tool", "plan"):
+            assert record[f"train/{name}/logprob_gap/mean"] < 1e-5
+            assert record[f"train/{name}/logprob_gap/max"] < 1e-3
 
 
 @pytest.mark.parametrize("regime", ["per_role", "lora_per_role"])

@@ -2,8 +2,8 @@
 ``marl_cli.rollout.vllm_generator.VLLMGenerator``, imported only when a run uses it.
 
 Its check (``check_engines``, before any model is built) counts the engines one process starts, one per
-full-model policy (an adapter regime: one), and refuses a run whose engines cannot all fit: on a GPU their
-``rollout.vllm.gpu_memory_utilization`` shares add up to more than the card, on vLLM's CPU build their KV
+full-model policy (an adapter regime: one per base model), and refuses a run whose engines cannot all fit: on a
+GPU their ``rollout.vllm.gpu_memory_utilization`` shares add up to more than the card, on vLLM's CPU build their KV
 caches (``rollout.vllm.cpu_kv_cache_gib`` each, or ``VLLM_CPU_KVCACHE_SPACE``) to more than the machine's memory.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.team import role_sampling
+from marl_cli.config.team import policy_models, role_sampling
 from marl_cli.rollout.backends.base import BACKENDS, Generator, Requirement
 from marl_cli.rollout.vllm_install import INSTALL
 
@@ -27,12 +27,12 @@ GIB = 1024 ** 3
 def engine_policies(cfg: Any) -> list[str]:
     """The policies one process of the run starts an engine for, in the order the roles first name them: each
     full-model policy its roles act through (a decoupled sub trainer: its sub roles'), or under an adapter regime
-    the one frozen base every adapter is served from."""
-    from marl_cli.policies.roles import LORA_BASE, assign_roles, sub_roles, uses_adapters
+    each frozen base the adapters are served from (one per model config: ``lora_base``, ``lora_base_<policy>``)."""
+    from marl_cli.policies.roles import assign_roles, lora_bases, sub_roles, uses_adapters
 
-    if uses_adapters(cfg.policy):
-        return [LORA_BASE]
     role_map = assign_roles(cfg.policy, list(cfg.workflow.roles))
+    if uses_adapters(cfg.policy):
+        return list(dict.fromkeys(lora_bases(role_map, cfg.model, policy_models(cfg)).values()))
     if OmegaConf.select(cfg, "trainer.role") == "sub":
         role_map = {r: role_map[r] for r in sub_roles(cfg, role_map)}
     return list(dict.fromkeys(role_map.values()))
@@ -103,9 +103,9 @@ def longest_completion(cfg: Any) -> int:
 
 @BACKENDS.register("vllm", check=check_engines)
 def vllm_backend(cfg: Any) -> Generator:
-    """vLLM engines in this process (``rollout.vllm.*``): one per full-model policy, or one base engine serving
-    an adapter regime's policies as LoRA requests; each holds the prompt limit plus the longest completion any
-    role samples."""
+    """vLLM engines in this process (``rollout.vllm.*``): one per full-model policy, or one engine per base model
+    serving an adapter regime's policies of that base as LoRA requests; each holds the prompt limit plus the longest
+    completion any role samples."""
     from marl_cli.policies.roles import uses_adapters
     from marl_cli.rollout.vllm_generator import VLLMGenerator
 
