@@ -13,6 +13,7 @@ GROUPS = {
     "env": "the task family",
     "workflow": "the agents and their turn order",
     "algorithm": "how advantages are computed (GRPO, AT-GRPO, M-GRPO)",
+    "credit": "credit beyond the algorithm's: per token (HICRA) or per turn (IGPO)",
     "policy": "which model acts for which role (one shared, one per role, a LoRA adapter per role)",
     "model": "the model every policy starts from (the local tiny model, or a hub/local one)",
     "rollout": "the generation backend (transformers generate, or vLLM)",

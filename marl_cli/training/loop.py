@@ -1,11 +1,12 @@
 """The one training loop, shared by every algorithm and policy regime.
 
-    rows (rollouts, or the store) → advantages (the algorithm's estimator) → per-policy TRL update
+    rows (rollouts, or the store) → the credit method's turn rewards → advantages (the algorithm's estimator)
+    → the credit method's (token) advantages → per-policy TRL update
     → hooks: metrics.jsonl / W&B, periodic eval, periodic checkpoint
 
 Single-agent GRPO is the degenerate case: one role, one policy, one turn, groups keyed by task.
 AT-GRPO is the same loop with tree rollouts (``algorithm.mode=tree``) over a multi-agent workflow;
-under ``lora_per_role`` the warm start trains the base model before the adapters are attached.
+under ``lora_per_role`` the warm start trains each base model before its adapters are attached.
 M-GRPO is the same loop with trajectory-level advantages; its decoupled trainers
 (``trainer.role=main|sub``, see ``training/decoupled.py``) run this loop in two processes, the
 sub trainer taking its rows from the store (``training/rows.py``) instead of from rollouts.
@@ -156,7 +157,8 @@ class Trainer:
                 policy.mark_updated()
 
     def attach_adapters(self) -> None:
-        """``lora_per_role``: split the (warm-started) base into one adapter per policy; a resume loads them."""
+        """``lora_per_role``: split each (warm-started) base into one adapter per policy it serves; a resume loads
+        them."""
         run = self.run
         names = set(run.role_map.values())
         run.attach_adapters(checkpoint_adapters(self.checkpoint, names))
