@@ -112,16 +112,17 @@ def loss_tokens(sample: Sample, mask_truncated: bool = False) -> int:
 
 
 def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], world: World,
-                mask_truncated: bool = False) -> float:
+                mask_truncated: bool = False, copies: int = 0) -> float:
     """What the loss of ``trained`` (the rows this rank back-propagates) is multiplied by so that the ranks'
     mean gradient is the gradient of the whole mini-batch ``batch``'s loss: ``size`` × their share of the loss's
     normaliser (sequences for per-sequence means, the completion tokens the loss counts for the token mean,
     ``loss_tokens``); the token-sum losses (dapo, cispo, vespo) are already normalised by the whole mini-batch's
-    token count (``num_items_in_batch``), per process. Rows left out of ``trained`` must contribute no gradient."""
+    token count (``num_items_in_batch``), per process. Rows left out of ``trained`` must contribute no gradient; its
+    last ``copies`` rows (``select_rows``' zeroed copies) count in the per-sequence means, not in the token mean."""
     if loss_type in ("dapo", "cispo", "vespo"):
         return 1.0
     if loss_type == "bnpo":
-        tokens = sum(loss_tokens(s, mask_truncated) for s in trained)
+        tokens = sum(loss_tokens(s, mask_truncated) for s in trained[:len(trained) - copies])
         return world.size * tokens / max(sum(loss_tokens(s, mask_truncated) for s in batch), 1)
     return world.size * len(trained) / len(batch)
 
@@ -147,7 +148,8 @@ def with_gradient(rows: list[Sample], beta: float, skip_zero_advantage: bool = T
 
 def select_rows(batch: dict[str, torch.Tensor], index: list[int], zeroed: int = 0) -> dict[str, torch.Tensor]:
     """The rows ``index`` of a collated mini-batch, cut to their own longest prompt (left) and completion (right);
-    the last ``zeroed`` of them (copies that only even out the ranks' batch sizes) get advantage 0."""
+    the last ``zeroed`` of them (copies that only even out the ranks' batch sizes) get advantage 0 and leave the loss
+    mask (``LOSS_MASK``), so they add no gradient, also with a KL penalty or an entropy bonus."""
     if index == list(range(len(batch["advantages"]))) and not zeroed:
         return batch
     rows = torch.tensor(index, device=batch["advantages"].device)
@@ -165,8 +167,10 @@ def select_rows(batch: dict[str, torch.Tensor], index: list[int], zeroed: int = 
         elif value.dim() == 2 and value.size(1) == full_completion:
             value = value[:, :completion_width]
         out[key] = value
-    if zeroed:
+    if zeroed:  # the copies pass through the loss without a term of their own (KL penalty and entropy bonus too)
         out["advantages"][len(index) - zeroed:] = 0.0
+        out[LOSS_MASK] = out.get(LOSS_MASK, torch.ones_like(out["completion_mask"])).clone()
+        out[LOSS_MASK][len(index) - zeroed:] = 0
     return out
 
 
@@ -396,7 +400,7 @@ class PolicyTrainer:
             batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
             zeroed = count - len(kept)
             index = kept + [kept[0] if kept else 0] * zeroed
-            weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world, masked)
+            weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world, masked, zeroed)
             batches.append((batch, index, zeroed, weight))
         return batches
 

@@ -289,3 +289,25 @@ def test_the_adaptive_entropy_state_is_saved_and_restored(tmp_path):
     other.load_state_dict(older)
     assert other.grpo.loss_state() == {"entropy_coef": 0.01, "last_world_entropy": math.inf}
     assert _trainer(_policy(tmp_path / "d"), tmp_path / "d").state_dict()["loss"] == {}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo"])
+def test_a_rank_padded_with_copies_has_the_gradient_of_its_own_rows_under_a_kl_penalty(policy, tmp_path, loss_type):
+    """A rank with fewer rows than the others runs copies of its first row with advantage 0; with β > 0 their KL terms
+    would add gradient, so they leave the loss mask: loss × weight is that of the rank's own rows alone."""
+    from marl_cli.training.distributed import World
+    from marl_cli.training.policy_trainer import loss_weight, select_rows
+
+    trainer = _trainer(policy, tmp_path, beta=0.1, loss_type=loss_type)
+    rows = _rows(finished=(True,) * 4)
+    whole = _prepared(trainer, rows)
+    whole["ref_per_token_logps"] = whole["old_per_token_logps"] - 0.3 * whole["completion_mask"]
+    gradients = []
+    for index, copies in (([0, 1], 0), ([0, 1, 0, 0], 2)):
+        batch = select_rows(whole, index, copies)
+        weight = loss_weight(loss_type, [rows[i] for i in index], rows, World(), copies=copies)
+        trainer.learner.zero_grad()
+        (trainer.grpo.loss(trainer.learner, batch) * weight).backward()
+        gradients.append([p.grad.clone() for p in trainer.params if p.grad is not None])
+    for alone, padded in zip(*gradients, strict=True):
+        torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-8)  # one forward apart: float32 rounding
