@@ -217,6 +217,9 @@ def test_a_resumed_team_run_samples_and_trains_as_the_uninterrupted_one(tmp_path
     train(train_config(*CORY_TEAM, "trainer.steps=3", f"trainer.resume={part}"), tmp_path / "unused")
     resumed = [row for row in _completions(part) if not (row[0] == 1 and row[1] == "eval")]  # the first leg's end
     assert resumed == _completions(whole) and {row[0] for row in resumed} == {1, 2, 3}
+    steps = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r[f"train/{n}/logprob_gap/max"] for r in steps if "train/reward" in r for n in ("pioneer", "observer")]
+    assert len(gaps) == 6 and max(gaps) <= 1e-3, gaps  # every step, each role at its own temperature
     moved = False
     for name in ("pioneer", "observer"):
         final = load_file(whole / "checkpoints" / "step_000003" / "policies" / name / "model.safetensors")
