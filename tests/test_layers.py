@@ -10,8 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "marl_cli"
 LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("determinism", "provenance", "rollout", "sandbox", "store"),
-    ("envs", "algorithms", "workflows", "policies", "rollout.backends", "rollout.generation", "rollout.growing_cache",
-     "rollout.padding", "rollout.prefix", "rollout.vllm_generator", "rollout.vllm_install"),
+    ("envs", "algorithms", "credit", "workflows", "policies", "rollout.backends", "rollout.generation",
+     "rollout.growing_cache", "rollout.padding", "rollout.prefix", "rollout.vllm_generator", "rollout.vllm_install"),
     ("rollout.engine", "tracking", "plugins"),
     ("training", "report"),
     ("cli", "__main__"),

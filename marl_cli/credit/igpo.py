@@ -75,7 +75,8 @@ def reference_probabilities(policy: Any, rows: list[Sample], batch_size: int) ->
             ids, mask = torch.cat([prompt, answer], 1).to(device), torch.cat([prompt_mask, answer_mask], 1).to(device)
             positions = (mask.cumsum(1) - 1).clamp(min=0)
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           logits_to_keep=answer.size(1) + 1).logits[:, :-1].float()
+                           logits_to_keep=answer.size(1) + 1).logits[:, :-1]
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 up, float64 kept
             logps = torch.log_softmax(logits, -1).gather(-1, answer.to(device).unsqueeze(-1)).squeeze(-1)
             answer_mask = answer_mask.to(device)
             out += ((logps * answer_mask).sum(1) / answer_mask.sum(1).clamp(min=1)).exp().tolist()

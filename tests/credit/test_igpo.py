@@ -16,6 +16,8 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.loop import train
 from tests.helpers import FAST, train_config
+from tests.precision import rounding, to_float64
+from tests.training.test_policy_trainer import TERMS
 
 
 def _row(turn, reward, branch=0, prompt=(5, 6, 7), reference="#### R D"):
@@ -43,9 +45,13 @@ def test_each_turns_advantage_sums_the_normalised_ones_after_it():
     assert [r.advantage for r in rows] == pytest.approx([1.0 - 1.0 + 0.125, -2.0 + 0.25, 0.5, 3.0], abs=1e-15)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return build_run(train_config(*FAST), tmp_path_factory.mktemp("igpo") / "run")
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """A run whose policy computes in float64 (``tests/precision.py``): batched and row-by-row scoring differ only
+    by summation order."""
+    run = build_run(train_config(*FAST), tmp_path / "run")
+    to_float64(run.policies["shared"], monkeypatch)
+    return run
 
 
 def _by_hand(policy, prompt, reference):
@@ -60,14 +66,13 @@ def _by_hand(policy, prompt, reference):
 
 
 def test_the_probability_of_the_answer_is_the_teacher_forced_formula(run):
-    """Batched with left-padded prompts (explicit positions) against one unpadded forward per row: the same
-    weights and positions, float32 logits, so equal to a few float32 ulps of log-probs of order 1–10."""
+    """Batched with left-padded prompts (explicit positions) against one unpadded forward per row."""
     policy = run.policies["shared"]
     rows = [_row(0, 0.0, prompt=p, reference=g) for p, g in [((5, 6, 7), "#### R D"), ((8,), "#### U"),
                                                              ((5, 9, 9, 9, 4), "#### R R D D")]]
     got = reference_probabilities(policy, rows, batch_size=2)
     for row, p in zip(rows, got, strict=True):
-        assert p == pytest.approx(_by_hand(policy, row.prompt_ids, row.reference), rel=1e-5)
+        assert p == pytest.approx(_by_hand(policy, row.prompt_ids, row.reference), rel=rounding(TERMS))
 
 
 def test_the_reward_hook_scores_each_distinct_prompt_once_and_counts_rows_without_an_answer(run):
@@ -77,7 +82,7 @@ def test_the_reward_hook_scores_each_distinct_prompt_once_and_counts_rows_withou
     stats = igpo_rewards(rows, credit, run)
     policy = run.policies["shared"]
     p0, p1 = _by_hand(policy, (5, 6, 7), "#### R D"), _by_hand(policy, (5, 6, 7, 8), "#### R D")
-    assert rows[0].reward == pytest.approx(p1 - p0, rel=1e-4)
+    assert rows[0].reward == pytest.approx(p1 - p0, abs=rounding(TERMS))
     assert rows[1].reward == 1.0 and rows[2].reward == 0.0  # the last turn's outcome; no next turn was scored
     assert stats["igpo_scored"] == 3 and stats["igpo_unscored"] == 1
 

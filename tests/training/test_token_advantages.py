@@ -13,6 +13,8 @@ from marl_cli.training.distributed import World
 from marl_cli.training.policy_trainer import collate, with_gradient
 from marl_cli.training.trl_adapter import GRPOAdapter, grpo_args
 from tests.policies.test_tiny import SMALL
+from tests.precision import assert_rounding_close, rounding, to_float64
+from tests.training.test_policy_trainer import TERMS
 
 COMPLETIONS = [[20, 21, 22, 1], [23, 24], [25, 26, 27]]
 TOKEN_ADVANTAGES = [[1.0, 0.5, -0.25, 2.0], [], [-1.0, 0.0, 3.0]]
@@ -23,6 +25,12 @@ SCALARS = [0.7, -1.5, 0.2]
 def policy(tmp_path):
     model_cfg = OmegaConf.structured(ModelConfig(tiny=SMALL))
     return build_policies({"agent": "shared"}, model_cfg, 0, tmp_path, torch.device("cpu"))["shared"]
+
+
+@pytest.fixture
+def policy64(policy, monkeypatch):
+    """The policy computing in float64 (``tests/precision.py``)."""
+    return to_float64(policy, monkeypatch)
 
 
 def _rows(token_advantages=TOKEN_ADVANTAGES):
@@ -50,10 +58,10 @@ def test_a_row_of_the_wrong_length_is_refused(policy):
         collate(rows, policy.tokenizer.pad_token_id, torch.device("cpu"))
 
 
-def test_trls_loss_and_gradient_are_the_per_token_formula(policy, tmp_path):
+def test_trls_loss_and_gradient_are_the_per_token_formula(policy64, tmp_path):
     """At the sampling weights (ratio 1) TRL's grpo loss is −mean_i(Σ_t A_it·m_it / Σ_t m_it) and its gradient
-    −mean_i(Σ_t A_it·∇log π_it / T_i); the same forward computes both, so they differ only by float32 summation
-    order (a few ulps of values of order 1)."""
+    −mean_i(Σ_t A_it·∇log π_it / T_i); in float64 the two computations differ only by summation order."""
+    policy = policy64
     adapter = _adapter(policy, tmp_path)
     batch = collate(_rows(), policy.tokenizer.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
@@ -69,11 +77,11 @@ def test_trls_loss_and_gradient_are_the_per_token_formula(policy, tmp_path):
     hand_grads = torch.autograd.grad(hand, params, allow_unused=True)
     expected = -sum(sum(t or [a] * len(c)) / len(c) for c, a, t in zip(COMPLETIONS, SCALARS, TOKEN_ADVANTAGES,
                                                                       strict=True)) / 3
-    assert float(loss.detach()) == pytest.approx(expected, rel=1e-6)
-    assert float(hand.detach()) == pytest.approx(expected, rel=1e-6)
+    assert float(loss.detach()) == pytest.approx(expected, rel=rounding(TERMS))
+    assert float(hand.detach()) == pytest.approx(expected, rel=rounding(TERMS))
     for ours, theirs in zip(hand_grads, trl_grads, strict=True):
         if ours is not None:
-            torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-7)
+            assert_rounding_close(theirs, ours, TERMS)
 
 
 def test_a_constant_per_token_row_trains_as_its_scalar_row(policy, tmp_path):
