@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import random
@@ -108,3 +109,13 @@ def train_config(*overrides: str) -> DictConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return compose(config_name="train", overrides=list(overrides))
+
+
+def metric_records(run: Path) -> list[dict]:
+    """Every line of a run's ``metrics.jsonl``."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_records(run: Path) -> list[dict]:
+    """The training steps' lines of a run's ``metrics.jsonl``."""
+    return [r for r in metric_records(run) if "train/success" in r]

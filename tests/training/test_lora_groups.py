@@ -14,7 +14,7 @@ from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.backends.vllm import engine_policies
 from marl_cli.training.build import build_run
 from marl_cli.training.loop import train
-from tests.helpers import FAST, cli, train_config
+from tests.helpers import FAST, cli, metric_records, step_records, train_config
 
 # Plan-Path's tool agent on a 2-layer model 48 wide, its plan agent on FAST's 1-layer model 32 wide
 GROUPS = [*FAST, "workflow=tool_plan", "algorithm=at_grpo", "policy=lora_per_role", "policy.lora_r=4",
@@ -33,16 +33,8 @@ def cache(tmp_path_factory) -> str:
     return f"trainer.warmstart.cache={tmp_path_factory.mktemp('warmstart')}"
 
 
-def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _steps(run: Path) -> list[dict]:
-    return [r for r in _records(run) if "train/success" in r]
-
-
 def _warm_start(run: Path) -> dict:
-    return next(r for r in _records(run) if any(k.startswith("warmstart/") for k in r))
+    return next(r for r in metric_records(run) if any(k.startswith("warmstart/") for k in r))
 
 
 def _adapter(checkpoint: Path, name: str) -> dict[str, torch.Tensor]:
@@ -82,7 +74,7 @@ def test_a_lora_team_of_two_models_trains_resumes_exactly_and_evaluates_from_its
               for n in ROLES}
     assert widths == {"tool": 48, "plan": 32}  # each adapter on its own base
     assert not (last / "policies" / "tool" / "config.json").exists()  # adapters only: the bases stay in the run dir
-    steps = _steps(run)
+    steps = step_records(run)
     assert [r["step"] for r in steps] == [1, 2] and any(r["train/plan/grad_norm"] > 0 for r in steps)
     part = tmp_path / "part"
     train(train_config(*GROUPS, *WARM, cache, "trainer.steps=1", "trainer.save_every=1"), part)
@@ -94,7 +86,7 @@ def test_a_lora_team_of_two_models_trains_resumes_exactly_and_evaluates_from_its
         assert final.keys() == again.keys() and all(torch.equal(final[k], again[k]) for k in final)
         moved |= any(not torch.equal(final[k], first[k]) for k in final)
     assert moved  # the step after the resume trained
-    assert [r["train/reward"] for r in _steps(part)] == [r["train/reward"] for r in steps]
+    assert [r["train/reward"] for r in step_records(part)] == [r["train/reward"] for r in steps]
 
     out = cli("eval", *GROUPS, f"load={run}", f"hydra.run.dir={tmp_path / 'eval'}")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from marl_cli.training.loop import train
-from tests.helpers import FAST, train_config
+from tests.helpers import FAST, step_records, train_config
 
 # Two agents that both answer move lists (CORY's pioneer and observer), warm-started enough to answer in the format
 # now and then, so rewards differ within groups and every policy takes gradient steps.
@@ -29,14 +29,6 @@ def cache(tmp_path_factory) -> str:
     return f"trainer.warmstart.cache={tmp_path_factory.mktemp('warmstart')}"
 
 
-def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _steps(run: Path) -> list[dict]:
-    return [r for r in _records(run) if "train/success" in r]
-
-
 def _weights(checkpoint: Path, name: str) -> dict[str, torch.Tensor]:
     return load_file(checkpoint / "policies" / name / "model.safetensors")
 
@@ -48,7 +40,7 @@ def test_a_team_of_different_models_trains_resumes_exactly_and_scores_each_role_
     configs = {n: json.loads((last / "policies" / n / "config.json").read_text()) for n in ROLES}
     assert (configs["pioneer"]["num_hidden_layers"], configs["pioneer"]["hidden_size"]) == (2, 48)
     assert (configs["observer"]["num_hidden_layers"], configs["observer"]["hidden_size"]) == (1, 32)
-    steps = _steps(run)
+    steps = step_records(run)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:  # each policy's rows are scored at the temperature its role sampled at (1.0 and 0.6)
         assert r["train/pioneer/learning_rate"] == 3e-3 and r["train/observer/learning_rate"] == 1e-3
@@ -60,14 +52,14 @@ def test_a_team_of_different_models_trains_resumes_exactly_and_scores_each_role_
     for name in ROLES:
         resumed = _weights(part / "checkpoints" / "step_000002", name)
         assert all(torch.equal(resumed[k], v) for k, v in _weights(last, name).items())
-    assert [r["train/reward"] for r in _steps(part)] == [r["train/reward"] for r in steps]
+    assert [r["train/reward"] for r in step_records(part)] == [r["train/reward"] for r in steps]
 
 
 def test_one_shared_model_scores_each_role_at_its_own_temperature(tmp_path, cache):
     run = tmp_path / "r"
     train(train_config(*TEAM, cache, "policy=shared", "trainer.steps=1", "trainer.beta=0.01",
                        "+rollout.roles.pioneer.temperature=1.0", "+rollout.roles.observer.temperature=0.5"), run)
-    step = _steps(run)[0]
+    step = step_records(run)[0]
     assert step["train/shared/logprob_gap/max"] <= 1e-3  # one model, two temperatures: 0.1+ nats if scored at one
     assert step["train/shared/mini_batches"] >= 2  # a mini-batch holds one temperature
 
@@ -75,7 +67,7 @@ def test_one_shared_model_scores_each_role_at_its_own_temperature(tmp_path, cach
 def test_a_policy_waiting_for_its_turn_keeps_its_weights_and_optimiser_state(tmp_path, cache):
     run = tmp_path / "r"
     train(train_config(*TEAM, cache, "trainer.steps=3", "trainer.save_every=1", "trainer.alternate_every=1"), run)
-    active = [(r["train/pioneer/active"], r["train/observer/active"]) for r in _steps(run)]
+    active = [(r["train/pioneer/active"], r["train/observer/active"]) for r in step_records(run)]
     assert active == [(1.0, 0.0), (0.0, 1.0), (1.0, 0.0)]
     checkpoints = {s: run / "checkpoints" / f"step_{s:06d}" for s in range(1, 4)}
     states = {s: torch.load(c / "state.pt", weights_only=False)["trainers"] for s, c in checkpoints.items()}
