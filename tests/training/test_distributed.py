@@ -71,7 +71,7 @@ def _grouped_rows(step: int) -> list[Sample]:
 
 def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
              weights: dict[str, torch.Tensor] | None = None, dtype: str = "float32",
-             layers: int = 1, checkpointing: bool = False) -> PolicyTrainer:
+             layers: int = 1, checkpointing: bool = False, beta: float = 0.0) -> PolicyTrainer:
     tiny = dataclasses.replace(SMALL, num_hidden_layers=layers)
     model_cfg = OmegaConf.structured(ModelConfig(tiny=tiny, dtype=dtype))
     policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"),
@@ -81,7 +81,8 @@ def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
     if weights is not None:  # as a resume loads the checkpoint's weights before the trainer is built
         policy.model.load_state_dict(weights)
     cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-3, steps=4, mini_batch_size=4, loss_type=loss_type,
-                                             log_ref_kl=True, sharding=sharding, gradient_checkpointing=checkpointing))
+                                             log_ref_kl=True, sharding=sharding, gradient_checkpointing=checkpointing,
+                                             beta=beta))
     return PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world)
 
 
@@ -248,6 +249,38 @@ def test_a_sharded_learner_shares_prompts_one_gathered_layer_at_a_time(tmp_path,
         for one, two in zip(stats, stats2, strict=True):
             for key in ("loss", "grad_norm", "entropy"):
                 assert two[key] == pytest.approx(one[key], rel=STATS_RTOL, abs=STATS_RTOL), (checkpointing, key)
+
+
+def _token_rows(step: int) -> list[Sample]:
+    """11 rows (mini-batches of 4, 4 and 3: the ranks hold 2 and 1 rows of the last, so one rank runs a copy), those
+    with an advantage carrying one per token."""
+    gen = random.Random(100 + step)
+    rows = _rows(step) + [dataclasses.replace(_rows(step + 50)[6], task=5)]
+    for row in rows:
+        if row.advantage:
+            row.token_advantages = [row.advantage * gen.uniform(0.5, 1.5) for _ in row.completion_ids]
+    return rows
+
+
+def _per_token(tmp: str, world: World) -> dict[str, dict[str, torch.Tensor]]:
+    """Two updates of per-token rows with a KL penalty, per loss type: the weights after them."""
+    out = {}
+    for loss_type in ("grpo", "bnpo"):
+        trainer = _trainer(str(Path(tmp) / loss_type), loss_type, world, beta=0.05)
+        for step in range(2):
+            trainer.update(_token_rows(step), random.Random(step))
+        out[loss_type] = _weights(trainer)
+    return out
+
+
+def test_per_token_advantages_and_a_kl_penalty_train_in_two_processes_as_in_one(tmp_path, float64_head):
+    """Rows carrying per-token advantages reach each rank's share and its loss; with β > 0 the copy that evens out
+    the ranks' rows adds no gradient (it leaves the loss mask), so two processes update as one does."""
+    two = _in_two_processes(_per_token, tmp_path)
+    one = _per_token(str(tmp_path / "one"), World())
+    for loss_type, weights in one.items():
+        for key, value in weights.items():
+            torch.testing.assert_close(two[loss_type][key], value, atol=WEIGHTS_ATOL, rtol=0, msg=f"{loss_type}: {key}")
 
 
 def test_loss_weights_add_up_to_the_whole_batch():
