@@ -60,17 +60,22 @@ def episode_group_key(sample: Sample) -> tuple[int, int, str]:
     return (sample.task, -1, sample.role)
 
 
-def turn_returns(samples: Sequence[Sample], gamma: float, values: Sequence[float] | None = None) -> list[float]:
-    """Each row's discounted return-to-go G_t = r_t + γ·G_{t+1} over the later turns of its role in its episode
-    (task, branch, role, segment); ``values`` (one per row) in place of the rewards r."""
-    values = [s.reward for s in samples] if values is None else values
+def role_episodes(samples: Sequence[Sample]) -> list[list[int]]:
+    """The indices of each role's rows in each episode (task, branch, role, segment), in turn order."""
     episodes: dict[Hashable, list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
         episodes[(s.task, s.branch, s.role, s.segment)].append(i)
+    return [sorted(idx, key=lambda i: samples[i].turn) for idx in episodes.values()]
+
+
+def turn_returns(samples: Sequence[Sample], gamma: float, values: Sequence[float] | None = None) -> list[float]:
+    """Each row's discounted return-to-go G_t = r_t + γ·G_{t+1} over the later turns of its role in its episode
+    (``role_episodes``); ``values`` (one per row) in place of the rewards r."""
+    values = [s.reward for s in samples] if values is None else values
     returns = [0.0] * len(samples)
-    for idx in episodes.values():
+    for idx in role_episodes(samples):
         ahead = 0.0
-        for i in sorted(idx, key=lambda i: samples[i].turn, reverse=True):
+        for i in reversed(idx):
             ahead = values[i] + gamma * ahead
             returns[i] = ahead
     return returns

@@ -40,14 +40,16 @@ CREDITS: Registry[Credit] = Registry("credit.name", "credit")
 CREDITS.register("none")(Credit())
 
 
+def _run_hook(hook: Hook | None, rows: list[Sample], cfg: Any, run: Any) -> dict[str, float]:
+    return {} if hook is None else {f"credit/{k}": v for k, v in hook(rows, cfg.credit, run).items()}
+
+
 def shape_rewards(rows: list[Sample], cfg: Any, run: Any) -> dict[str, float]:
     """The selected method's reward hook over ``rows`` (``cfg`` is the run config); its statistics as
     ``credit/<key>``."""
-    hook = CREDITS.get(cfg.credit.name).rewards
-    return {} if hook is None else {f"credit/{k}": v for k, v in hook(rows, cfg.credit, run).items()}
+    return _run_hook(CREDITS.get(cfg.credit.name).rewards, rows, cfg, run)
 
 
 def shape_advantages(rows: list[Sample], cfg: Any, run: Any) -> dict[str, float]:
     """The selected method's advantage hook over ``rows``; its statistics as ``credit/<key>``."""
-    hook = CREDITS.get(cfg.credit.name).advantages
-    return {} if hook is None else {f"credit/{k}": v for k, v in hook(rows, cfg.credit, run).items()}
+    return _run_hook(CREDITS.get(cfg.credit.name).advantages, rows, cfg, run)

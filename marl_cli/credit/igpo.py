@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from marl_cli.algorithms.grpo import turn_returns
+from marl_cli.algorithms.grpo import role_episodes, turn_returns
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import CreditConfig, bounded
 from marl_cli.credit.base import CREDITS, Credit
@@ -104,12 +104,8 @@ def score(rows: list[Sample], credit: Any, run: Any) -> dict[int, float]:
 
 def information_gain(rows: list[Sample], probability: dict[int, float], credit: Any) -> list[float]:
     """Each scored row's gain P_{t+1} − P_t over its role's next turn in its episode (none after the last turn)."""
-    episodes: dict[tuple[int, int, str, int], list[int]] = defaultdict(list)
-    for i, s in enumerate(rows):
-        episodes[s.task, s.branch, s.role, s.segment].append(i)
     gains: dict[int, float] = {}
-    for idx in episodes.values():
-        idx.sort(key=lambda i: rows[i].turn)
+    for idx in role_episodes(rows):
         for now, after in itertools.pairwise(idx):
             if now in probability and after in probability:
                 gains[now] = probability[after] - probability[now]

@@ -17,6 +17,7 @@ from marl_cli import determinism
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.team import policy_models, role_sampling
 from marl_cli.config.validate import check_config, check_device
+from marl_cli.credit import CREDITS
 from marl_cli.envs import ENVS, build_env
 from marl_cli.policies.regime import (
     Placement,
@@ -254,5 +255,5 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     policies = source.load(cfg, run_dir, owned, device)
     rollout = Rollout(workflow, policies, {**routing(role_map, policies), **scripted_routing(cfg.policy)},
                       BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg), sampling_from(cfg, evaluation=True),
-                      cfg.algorithm.mode, cfg.algorithm.selection)
+                      cfg.algorithm.mode, cfg.algorithm.selection, CREDITS.get(cfg.credit.name).references)
     return Run(cfg, run_dir, role_map, rollout, source, World.current())

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
 from marl_cli.config.team import Schedule, policy_trainer
-from marl_cli.credit.base import CREDITS, shape_advantages, shape_rewards
+from marl_cli.credit.base import shape_advantages, shape_rewards
 from marl_cli.policies.regime import Policy, checkpoint_adapters
 from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
@@ -70,7 +70,6 @@ class Trainer:
         cfg = run.cfg
         self.run, self.cfg, self.checkpoint = run, cfg, run.source.resumed
         self.source = source or RolloutRows(run)
-        run.rollout.references = CREDITS.get(cfg.credit.name).references  # the credit method reads correct answers
         self.trained_roles = trained_roles_of(cfg, run.workflow.roles)
         self.schedule = Schedule.of(cfg, run.role_map)
         self.trainers: dict[str, PolicyTrainer] = {}
