@@ -255,7 +255,7 @@ def _token_rows(step: int) -> list[Sample]:
     """11 rows (mini-batches of 4, 4 and 3: the ranks hold 2 and 1 rows of the last, so one rank runs a copy), those
     with an advantage carrying one per token."""
     gen = random.Random(100 + step)
-    rows = _rows(step) + [dataclasses.replace(_rows(step + 50)[6], task=5)]
+    rows = [*_rows(step), dataclasses.replace(_rows(step + 50)[6], task=5)]
     for row in rows:
         if row.advantage:
             row.token_advantages = [row.advantage * gen.uniform(0.5, 1.5) for _ in row.completion_ids]
