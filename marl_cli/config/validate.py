@@ -348,7 +348,7 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     if not path.exists():
         return
     saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    now = OmegaConf.to_container(cfg, resolve=False)
+    now = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)  # choices as the saved yaml writes them
     changed = [d for key in IDENTITY for d in _differences(saved.get(key), now.get(key), key)
                if not d.startswith("env.eval_size ")]
     changed += _differences(saved.get("trainer", {}).get("sharding", "none"), str(cfg.trainer.sharding),

@@ -89,7 +89,7 @@ def test_a_run_saved_before_turn_credit_and_credit_existed_resumes_unless_they_c
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(saved)))
     check_resume(cfg, tmp_path)
-    with pytest.raises(ConfigError, match=r"changed: algorithm.turn_credit \(None -> .*return"):
+    with pytest.raises(ConfigError, match=r"changed: algorithm.turn_credit \(None -> 'return'\)"):
         check_resume(train_config(*FAST, "algorithm.turn_credit=return"), tmp_path)
     with pytest.raises(ConfigError, match=r"changed: credit \(None -> \{'name': 'hicra'"):
         check_resume(train_config(*FAST, "credit=hicra"), tmp_path)

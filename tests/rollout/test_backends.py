@@ -68,6 +68,11 @@ def test_engines_whose_gpu_shares_add_up_past_one_card_are_refused_before_any_mo
     # a custom map: one policy for both roles is one engine
     vllm_backend.check_engines(train_config(*TEAM, "policy=per_role", "+policy.assignment.plan=tool",
                                             "rollout.vllm.gpu_memory_utilization=0.9"))
+    two_bases = train_config(*TEAM, "policy=lora_per_role", "+policy.models.tool.tiny.num_hidden_layers=2",
+                             "rollout.vllm.gpu_memory_utilization=0.6")  # a base model of its own: two engines
+    with pytest.raises(ConfigError, match=r"^rollout=vllm runs 2 engines \(one per base model: lora_base_tool, "
+                       r"lora_base\) at rollout.vllm.gpu_memory_utilization=0.6 each"):
+        vllm_backend.check_engines(two_bases)
 
 
 def test_kv_caches_larger_than_the_machines_memory_are_refused_on_vllms_cpu_build(monkeypatch):

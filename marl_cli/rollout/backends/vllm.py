@@ -67,7 +67,10 @@ def check_engines(cfg: Any) -> None:
     names = engine_policies(cfg)
     if len(names) < 2:
         return  # one engine: gpu_memory_utilization <= 1 by its schema; vLLM checks one cache itself
-    engines = f"rollout=vllm runs {len(names)} engines (one per policy: {', '.join(names)})"
+    from marl_cli.policies.roles import uses_adapters
+
+    each = "base model" if uses_adapters(cfg.policy) else "policy"
+    engines = f"rollout=vllm runs {len(names)} engines (one per {each}: {', '.join(names)})"
     settings = cfg.rollout.vllm
     if not vllm_on_cpu():
         share = settings.gpu_memory_utilization
@@ -77,8 +80,8 @@ def check_engines(cfg: Any) -> None:
             raise ConfigError(
                 f"{engines} at rollout.vllm.gpu_memory_utilization={share} each: {total:.3g} of one GPU's memory; "
                 f"lower it to at most {math.floor(100 / len(names)) / 100} (the learner needs room beside them), "
-                "or serve every role from one base (policy=lora_per_role: one engine), or generate with rollout=hf "
-                f"and place each policy on its own GPU (policy.devices=[{devices}])")
+                "or serve roles from one base (policy=lora_per_role: one engine per base model), or generate with "
+                f"rollout=hf and place each policy on its own GPU (policy.devices=[{devices}])")
         return
     env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
     per_engine, key = ((int(env), f"VLLM_CPU_KVCACHE_SPACE={env}") if env.strip().isdigit()
