@@ -69,7 +69,7 @@ def reference_probabilities(policy: Any, rows: list[Sample], batch_size: int) ->
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
             chunk = rows[i:i + batch_size]
-            answers = [tokenizer(s.reference, add_special_tokens=False).input_ids or [pad] for s in chunk]
+            answers = [tokenizer(s.reference, add_special_tokens=False).input_ids for s in chunk]
             prompt, prompt_mask = pad_rows([s.prompt_ids for s in chunk], pad, left=True)
             answer, answer_mask = pad_rows(answers, pad, left=False)
             ids, mask = torch.cat([prompt, answer], 1).to(device), torch.cat([prompt_mask, answer_mask], 1).to(device)
@@ -89,7 +89,7 @@ def score(rows: list[Sample], credit: Any, run: Any) -> dict[int, float]:
     scored once."""
     distinct: dict[tuple[str, tuple[int, ...], str], list[int]] = defaultdict(list)
     for i, s in enumerate(rows):
-        if s.reference is not None and s.policy in run.policies:
+        if s.reference and s.policy in run.policies:  # an empty answer (no oracle) has nothing to score
             distinct[s.policy, tuple(s.prompt_ids), s.reference].append(i)
     by_policy: dict[str, list[tuple[str, tuple[int, ...], str]]] = defaultdict(list)
     for key in distinct:

@@ -77,14 +77,14 @@ def test_the_probability_of_the_answer_is_the_teacher_forced_formula(run):
 
 def test_the_reward_hook_scores_each_distinct_prompt_once_and_counts_rows_without_an_answer(run):
     credit = OmegaConf.structured(IgpoConfig(name="igpo"))
-    rows = [_row(0, 0.0), _row(1, 1.0, prompt=(5, 6, 7, 8)), _row(0, 0.0, branch=1), _row(1, 0.0, branch=1,
-                                                                                          reference=None)]
+    rows = [_row(0, 0.0), _row(1, 1.0, prompt=(5, 6, 7, 8)), _row(0, 0.0, branch=1),
+            _row(1, 0.0, branch=1, reference=None), _row(0, 0.0, branch=2, reference="")]
     stats = igpo_rewards(rows, credit, run)
     policy = run.policies["shared"]
     p0, p1 = _by_hand(policy, (5, 6, 7), "#### R D"), _by_hand(policy, (5, 6, 7, 8), "#### R D")
     assert rows[0].reward == pytest.approx(p1 - p0, abs=rounding(TERMS))
     assert rows[1].reward == 1.0 and rows[2].reward == 0.0  # the last turn's outcome; no next turn was scored
-    assert stats["igpo_scored"] == 3 and stats["igpo_unscored"] == 1
+    assert stats["igpo_scored"] == 3 and stats["igpo_unscored"] == 2  # no answer, or an empty one
 
 
 def test_igpo_refuses_per_turn_groups_in_one_line():
