@@ -112,10 +112,13 @@ def by_turn_index(samples: Sequence[Sample]) -> dict[str, float]:
     turns: dict[int, list[float]] = defaultdict(list)
     for s in samples:
         turns[s.turn].append(s.advantage)
+    out: dict[str, float] = {}
     if len(turns) < 2:
-        return {}
-    return {k: v for t, values in sorted(turns.items())
-            for k, v in ((f"turn{t}/rows", float(len(values))), (f"turn{t}/advantage_mean", sum(values) / len(values)))}
+        return out
+    for t, values in sorted(turns.items()):
+        out[f"turn{t}/rows"] = float(len(values))
+        out[f"turn{t}/advantage_mean"] = sum(values) / len(values)
+    return out
 
 
 def grpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,

@@ -37,6 +37,6 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
                 "format_ok": s.format_ok, "finished": s.finished,
                 "prompt": tok.decode(s.prompt_ids, skip_special_tokens=False),
                 "completion": tok.decode(s.completion_ids, skip_special_tokens=False)})
-            if s.token_advantages:  # credit token by token (HICRA, turn returns per token): one value per token
+            if s.token_advantages:  # credit given token by token (HICRA): one value per token
                 records[-1]["token_advantages"] = [round(a, 6) for a in s.token_advantages]
     return records
