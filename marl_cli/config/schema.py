@@ -415,6 +415,15 @@ class TrainerConfig:
     entropy_coef_min: float = bounded(0.0, ge=0.0)  # use_adaptive_entropy: the coefficient's lower bound
     entropy_coef_max: float = bounded(1.0, ge=0.0)  # use_adaptive_entropy: the coefficient's upper bound
     top_entropy_quantile: float = bounded(1.0, ge=0.0, le=1.0)  # only the top-ρ of tokens by entropy get a gradient
+    # EPO (arXiv 2509.22576): loss − epo_coef × [trajectory-mean entropy − β_k × epo_penalty × the mean of each
+    # token's distance outside [epo_corridor_low, epo_corridor_high] × the earlier steps' mean entropy], β_k =
+    # 1 + exp(−epo_decay × step / ⌊steps/2⌋); 0: off (the reference scripts use 0.001)
+    epo_coef: float = bounded(0.0, ge=0.0)
+    epo_penalty: float = bounded(0.1, ge=0.0)  # EPO's α: the weight of the corridor penalty
+    epo_corridor_low: float = bounded(0.8, ge=0.0, le=1.0)  # EPO's κ_l (0: no lower bound)
+    epo_corridor_high: float = bounded(1.2, ge=1.0)  # EPO's κ_r
+    epo_decay: float = bounded(3.0, ge=0.0)  # EPO's γ: how fast β_k falls from 2 toward 1
+    epo_window: int = bounded(0, ge=0)  # EPO's reference: the mean entropy of the last N steps; 0: of every step
     mask_truncated_completions: bool = False  # completions that never ended (cut at max_new_tokens) get no gradient
     # drop negative-advantage rows whose mean KL(sampler ‖ learner) per token exceeds this (DeepSeek-V3.2); null: off
     off_policy_mask_threshold: float | None = bounded(None, ge=0.0)

@@ -27,7 +27,8 @@ TRAINER_KEYS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_de
                 "epsilon", "epsilon_high", "beta", "num_iterations", "mini_batch_size", "gradient_checkpointing",
                 "importance_sampling_level", "delta", "entropy_coef", "use_adaptive_entropy", "entropy_target",
                 "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "top_entropy_quantile",
-                "mask_truncated_completions", "off_policy_mask_threshold")
+                "mask_truncated_completions", "off_policy_mask_threshold", "epo_coef", "epo_penalty",
+                "epo_corridor_low", "epo_corridor_high", "epo_decay", "epo_window")
 """What a policy's update may change from ``trainer``; the step schedule, logging and checkpoints are the run's."""
 
 

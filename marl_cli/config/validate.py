@@ -29,7 +29,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.launch import launched_world_size
 from marl_cli.config.paths import config_dir
 from marl_cli.config.registry import Registry, registries
-from marl_cli.config.schema import CLIPPED_LOSSES
+from marl_cli.config.schema import CLIPPED_LOSSES, TrainerConfig
 from marl_cli.config.team import check_role_sampling, check_schema, policy_trainer
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -244,6 +244,25 @@ def check_loss(trainer: Any, where: str = "trainer") -> None:
     if trainer.entropy_coef_min > trainer.entropy_coef_max:
         raise ConfigError(f"{where}.entropy_coef_min={trainer.entropy_coef_min} exceeds "
                           f"{where}.entropy_coef_max={trainer.entropy_coef_max}")
+    _check_epo(trainer, where)
+
+
+EPO_KEYS = ("epo_penalty", "epo_corridor_low", "epo_corridor_high", "epo_decay", "epo_window")
+"""EPO's settings besides its coefficient ``epo_coef``: they act only with it."""
+
+
+def _check_epo(trainer: Any, where: str) -> None:
+    """EPO's settings act only with ``epo_coef``, and EPO's entropy bonus replaces TRL's (two would add up)."""
+    if trainer.epo_coef == 0.0:
+        defaults = TrainerConfig()
+        for key in EPO_KEYS:
+            if trainer[key] != getattr(defaults, key):
+                raise ConfigError(f"{where}.{key}={trainer[key]} acts only with EPO: set {where}.epo_coef > 0 "
+                                  "(the reference scripts use 0.001)")
+    elif trainer.entropy_coef != 0.0 or trainer.use_adaptive_entropy:
+        raise ConfigError(f"{where}.epo_coef={trainer.epo_coef} with TRL's entropy bonus ({where}.entropy_coef="
+                          f"{trainer.entropy_coef}, use_adaptive_entropy={trainer.use_adaptive_entropy}): EPO's "
+                          "trajectory-level bonus replaces it; keep one of the two")
 
 
 def _check_processes(cfg: DictConfig, processes: int) -> None:

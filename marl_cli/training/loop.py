@@ -181,7 +181,8 @@ class Trainer:
             mine = [s for s in rows if s.policy == name and s.role in self.trained_roles]
             if not any(s.keep for s in mine):
                 self.nothing_to_train(step, name, len(mine), metrics)
-            metrics.update({f"train/{name}/{k}": v for k, v in trainer.update(mine, self.rng).items()})
+            stats = trainer.update(mine, self.rng, step - 1)  # k = step − 1 steps done before it
+            metrics.update({f"train/{name}/{k}": v for k, v in stats.items()})
             metrics[f"train/{name}/skipped_steps"] = self.counters.get(f"train/{name}/skipped_steps", 0.0)
         self.source.after_update(step)
         self.counters["store/trajectories"] += metrics.get("store/written", metrics.get("store/read", 0.0))

@@ -34,6 +34,7 @@ from marl_cli.policies.regime import Policy
 from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
+from marl_cli.training.epo import EPO, trajectory_weights
 from marl_cli.training.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
 from marl_cli.training.trl_adapter import (
     LOSS_MASK,
@@ -128,9 +129,10 @@ def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], worl
 
 
 def reads_whole_batch(trainer_cfg: Any) -> bool:
-    """Whether TRL's loss of a row depends on the other rows passed with it beyond the normaliser: an entropy bonus
-    (a token mean over every row passed) or a top-entropy quantile (taken over their tokens)."""
-    bonus = trainer_cfg.entropy_coef != 0.0 or trainer_cfg.use_adaptive_entropy
+    """Whether the loss of a row depends on the other rows passed with it beyond the normaliser, or has a gradient
+    without an advantage: an entropy bonus (TRL's, a token mean over every row passed; EPO's, on every row) or a
+    top-entropy quantile (taken over their tokens)."""
+    bonus = trainer_cfg.entropy_coef != 0.0 or trainer_cfg.use_adaptive_entropy or trainer_cfg.epo_coef != 0.0
     return bonus or trainer_cfg.top_entropy_quantile < 1.0
 
 
@@ -248,6 +250,13 @@ class PolicyTrainer:
         self.reference = None
         if policy.adapter is None and (trainer_cfg.beta != 0.0 or trainer_cfg.log_ref_kl):
             self.reference = self.grpo.frozen_copy(self.model)
+        self.epo = EPO(trainer_cfg) if trainer_cfg.epo_coef != 0.0 else None
+        """EPO's entropy terms and history (``trainer.epo_coef``), or None."""
+        self.grpo.keep_entropies(self.epo is not None)
+        self.step = 0
+        """How many RL steps came before the one being trained (EPO's k)."""
+        self._entropy = [0.0, 0.0]
+        """This step's entropy sum and token count over the rows the loss counts (EPO's history)."""
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -278,7 +287,9 @@ class PolicyTrainer:
         old, entropies = self._forward(self.learner, batch, entropy=True)
         batch["old_per_token_logps"] = old
         mask = batch["completion_mask"]
-        stats["entropy"].append(float((entropies * loss_mask(batch)).sum()) / self._token_share(batch))
+        entropy_sum = float((entropies * loss_mask(batch)).sum())
+        stats["entropy"].append(entropy_sum / self._token_share(batch))
+        self._entropy = [self._entropy[0] + entropy_sum, self._entropy[1] + float(loss_mask(batch).sum())]
         if self.cfg.off_policy_mask_threshold is not None:
             add_sampler_logps(batch, old)
         sampled = batch["sampling_mask"].bool()
@@ -334,8 +345,10 @@ class PolicyTrainer:
             dropped = (1 - kept).expand_as(new) * loss_mask(batch)
             stats["off_policy_masked_fraction"].append(float(dropped.sum()) / tokens)
 
-    def update(self, samples: list[Sample], rng: random.Random) -> dict[str, float]:
-        """One RL step for this policy: ``num_iterations`` passes of mini-batch gradient steps."""
+    def update(self, samples: list[Sample], rng: random.Random, step: int = 0) -> dict[str, float]:
+        """One RL step for this policy, after ``step`` others (EPO's k): ``num_iterations`` passes of mini-batch
+        gradient steps."""
+        self.step = step
         rows = [s for s in samples if s.keep]
         lr = self.scheduler.get_last_lr()[0]
         stats: dict[str, list[float]] = defaultdict(list)
@@ -360,6 +373,7 @@ class PolicyTrainer:
             stats["masked_truncated_fraction"].append(sum(not s.finished for s in rows) / len(rows))
         self.policy.activate()
         self.learner.train()
+        self._entropy = [0.0, 0.0]
         for batch, *_ in batches:
             self._prepare(batch, stats)
         for _ in range(self.cfg.num_iterations):
@@ -368,6 +382,9 @@ class PolicyTrainer:
         if self.sharded:
             gather_into(self.learner, self.model)
         self.policy.mark_updated()
+        if self.epo is not None:  # after the step's updates: H̄ of step k is over the steps before it
+            sums = self.world.gather(self._entropy)
+            self.epo.record(sum(s[0] for s in sums), sum(s[1] for s in sums))
         advantages = torch.tensor([s.advantage for s in rows])
         stats["advantage/mean"].append(float(advantages.mean()))
         stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
@@ -398,6 +415,11 @@ class PolicyTrainer:
             batch["temperature"] = self.temperature if whole[0].temperature is None else whole[0].temperature
             tokens = sum(loss_tokens(s, masked) for s in whole)  # the token-sum losses' normaliser
             batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
+            if self.epo is not None:
+                counted = [loss_tokens(s, masked) > 0 for s in whole]
+                weights = self.world.share(trajectory_weights(whole, counted, self.world.size))
+                dtype = torch.promote_types(self.policy.compute_dtype, torch.float32)  # float64 where the model is
+                batch["epo_weights"] = torch.tensor(weights, dtype=dtype, device=self.device)
             zeroed = count - len(kept)
             index = kept + [kept[0] if kept else 0] * zeroed
             weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world, masked, zeroed)
@@ -410,6 +432,12 @@ class PolicyTrainer:
         multiplied by ``weight``."""
         batch = select_rows(whole, index, zeroed)
         loss = self.grpo.loss(self.learner, batch) * weight
+        if self.epo is not None:
+            term, epo_stats = self.epo.loss(self.grpo.last_entropies, loss_mask(batch), batch["epo_weights"],
+                                            self.step)
+            loss = loss + term
+            for key, value in epo_stats.items():
+                stats[key].append(value)
         self._loss_stats(batch, self._token_share(whole), stats)
         self.grpo.backward(loss)
         if not self.sharded:  # FSDP2 reduce-scatters the ranks' mean gradient in the backward pass
@@ -450,7 +478,10 @@ class PolicyTrainer:
         (gathered from the ranks' shards: every rank calls it), which any process count loads."""
         by_name = self.cfg.sharding == "fsdp2"
         optimizer = optimizer_state(self.learner, self.optimizer) if by_name else self.optimizer.state_dict()
-        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "loss": self.grpo.loss_state()}
+        loss = self.grpo.loss_state()
+        if self.epo is not None:
+            loss["epo"] = self.epo.state_dict()
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "loss": loss}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict``'s (one saved before the loss had a state: the loss as configured)."""
@@ -459,4 +490,8 @@ class PolicyTrainer:
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.grpo.load_loss_state(state.get("loss", {}))
+        loss = dict(state.get("loss", {}))
+        epo = loss.pop("epo", {})
+        self.grpo.load_loss_state(loss)
+        if self.epo is not None:
+            self.epo.load_state_dict(epo)

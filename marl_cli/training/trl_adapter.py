@@ -17,6 +17,8 @@ transformers 5.24 and accelerate 1.15. What marl relies on, by name:
   transformers' ``create_optimizer_and_scheduler``), ``accelerator`` (``num_processes``, ``autocast``,
   ``backward``), ``epsilon_low``/``epsilon_high`` (the clip range), ``_metrics["train"]`` (the loss's metrics,
   drained every step), ``args.temperature`` and ``args.cast_lm_head_to_fp32`` (the reference's fused head);
+- read with its graph: the entropies ``_get_per_token_logps_and_entropies`` returns in the loss's forward (EPO's
+  terms are added to TRL's loss, ``training/epo.py``);
 - read and restored: ``entropy_coef`` and ``_last_world_entropy`` (the adaptive entropy controller's state, which
   TRL's own checkpoints hold as ``entropy_ctrl_state.json``; marl's hold it with the optimiser's);
 - called besides the loss: ``get_off_policy_mask`` (the share of tokens the off-policy mask drops, a metric);
@@ -151,6 +153,9 @@ class _GRPOLoss(GRPOTrainer):
     and running a prompt that several rows share once."""
 
     last_logps: torch.Tensor | None = None
+    last_entropies: torch.Tensor | None = None
+    """The per-token entropies of the last forward, with their graph (kept only with ``keep_entropies``)."""
+    keep_entropies: bool = False
     sharded: Any = None
     """The FSDP2-sharded learner, if any: its forwards are collective, so every rank takes the same path."""
     world: World = World()
@@ -175,6 +180,8 @@ class _GRPOLoss(GRPOTrainer):
             out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                              batch_size, compute_entropy, **kwargs)
         self.last_logps = out[0].detach()
+        if self.keep_entropies:
+            self.last_entropies = out[1]
         return out
 
 
@@ -224,6 +231,16 @@ class GRPOAdapter:
     def clip_range(self) -> tuple[float, float] | None:
         """(ε_low, ε_high) of the loss's ratio clipping, or None for a loss type that does not clip it."""
         return (self.trl.epsilon_low, self.trl.epsilon_high) if self.args.loss_type in CLIPPED_LOSSES else None
+
+    def keep_entropies(self, keep: bool) -> None:
+        """Whether ``last_entropies`` holds the entropies of the loss's forward (a loss term of marl's reads them)."""
+        self.trl.keep_entropies = keep
+
+    @property
+    def last_entropies(self) -> torch.Tensor | None:
+        """The per-token entropies of the last forward, differentiable: after ``loss``, the learner's (with
+        ``keep_entropies``; else None)."""
+        return self.trl.last_entropies
 
     @property
     def last_logps(self) -> torch.Tensor | None:

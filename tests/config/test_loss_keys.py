@@ -75,12 +75,35 @@ def test_a_policy_sets_its_own_loss_keys():
                                                                   "sequence"]),
      "policy.trainers.plan.importance_sampling_level=sequence with policy.trainers.plan.loss_type=bnpo"),
     (" ".join([*TEAM[1:], "+policy.trainers.tool.delta=1.1"]), "policy.trainers.tool.delta=1.1 must exceed 1 + "),
+    ("trainer.epo_penalty=0.5", "trainer.epo_penalty=0.5 acts only with EPO: set trainer.epo_coef > 0"),
+    ("trainer.epo_window=5", "trainer.epo_window=5 acts only with EPO: set trainer.epo_coef > 0"),
+    ("trainer.epo_coef=0.01 trainer.entropy_coef=0.01", "trainer.epo_coef=0.01 with TRL's entropy bonus "
+     "(trainer.entropy_coef=0.01, use_adaptive_entropy=False): EPO's trajectory-level bonus replaces it"),
+    ("trainer.epo_coef=0.01 trainer.epo_corridor_low=1.1", "trainer.epo_corridor_low=1.1: must be >= 0.0 and <= 1.0"),
+    ("trainer.epo_coef=0.01 trainer.epo_corridor_high=0.9", "trainer.epo_corridor_high=0.9: must be >= 1.0"),
+    (" ".join([*TEAM[1:], "+policy.trainers.plan.epo_decay=1"]),
+     "policy.trainers.plan.epo_decay=1.0 acts only with EPO: set policy.trainers.plan.epo_coef > 0"),
 ])
 def test_bad_combinations_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError) as err:
         check_overrides("train", [FAST[0], *overrides.split()])
     assert str(err.value).startswith(message), str(err.value)
     assert "\n" not in str(err.value)
+
+
+EPO = {"epo_coef": 0.01, "epo_penalty": 0.5, "epo_corridor_low": 0.5, "epo_corridor_high": 2.0, "epo_decay": 1.0,
+       "epo_window": 5}
+
+
+def test_epo_composes_for_the_run_and_for_one_policy():
+    run = [f"trainer.{key}={value}" for key, value in EPO.items()]
+    check_overrides("train", [*FAST, *run])
+    assert {key: train_config(*FAST, *run).trainer[key] for key in EPO} == EPO
+    own = [f"+policy.trainers.plan.{key}={value}" for key, value in EPO.items()]
+    check_overrides("train", [*TEAM, *own])
+    cfg = train_config(*TEAM, *own)
+    assert {key: policy_trainer(cfg, "plan")[key] for key in EPO} == EPO
+    assert policy_trainer(cfg, "tool").epo_coef == 0.0
 
 
 def test_the_cli_refuses_a_bad_combination_before_a_run_dir(tmp_path):

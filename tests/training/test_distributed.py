@@ -71,7 +71,7 @@ def _grouped_rows(step: int) -> list[Sample]:
 
 def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
              weights: dict[str, torch.Tensor] | None = None, dtype: str = "float32",
-             layers: int = 1, checkpointing: bool = False, beta: float = 0.0) -> PolicyTrainer:
+             layers: int = 1, checkpointing: bool = False, beta: float = 0.0, **extra: Any) -> PolicyTrainer:
     tiny = dataclasses.replace(SMALL, num_hidden_layers=layers)
     model_cfg = OmegaConf.structured(ModelConfig(tiny=tiny, dtype=dtype))
     policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"),
@@ -82,7 +82,7 @@ def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
         policy.model.load_state_dict(weights)
     cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-3, steps=4, mini_batch_size=4, loss_type=loss_type,
                                              log_ref_kl=True, sharding=sharding, gradient_checkpointing=checkpointing,
-                                             beta=beta))
+                                             beta=beta, **extra))
     return PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world)
 
 
@@ -263,19 +263,28 @@ def _token_rows(step: int) -> list[Sample]:
 
 
 def _per_token(tmp: str, world: World) -> dict[str, dict[str, torch.Tensor]]:
-    """Two updates of per-token rows with a KL penalty, per loss type: the weights after them."""
+    """Two updates of per-token rows with a KL penalty, per loss type, and three with EPO's entropy terms on
+    two-turn trajectories split across the ranks: the weights after them."""
     out = {}
     for loss_type in ("grpo", "bnpo"):
         trainer = _trainer(str(Path(tmp) / loss_type), loss_type, world, beta=0.05)
         for step in range(2):
             trainer.update(_token_rows(step), random.Random(step))
         out[loss_type] = _weights(trainer)
+    trainer = _trainer(str(Path(tmp) / "epo"), "grpo", world, epo_coef=0.5, epo_penalty=4.0, epo_corridor_low=0.95,
+                       epo_corridor_high=1.05)
+    for step in range(3):  # a row's turn is its branch: each task is one trajectory of two turns
+        rows = [dataclasses.replace(row, branch=0, turn=row.branch) for row in _token_rows(step)]
+        trainer.update(rows, random.Random(step), step)
+    assert len(trainer.epo.history) == 3
+    out["epo"] = _weights(trainer)
     return out
 
 
-def test_per_token_advantages_and_a_kl_penalty_train_in_two_processes_as_in_one(tmp_path, float64_head):
+def test_per_token_advantages_a_kl_penalty_and_epo_train_in_two_processes_as_in_one(tmp_path, float64_head):
     """Rows carrying per-token advantages reach each rank's share and its loss; with β > 0 the copy that evens out
-    the ranks' rows adds no gradient (it leaves the loss mask), so two processes update as one does."""
+    the ranks' rows adds no gradient (it leaves the loss mask), so two processes update as one does. EPO's
+    trajectory weights and entropy history are the whole mini-batch's and the whole step's on every rank."""
     two = _in_two_processes(_per_token, tmp_path)
     one = _per_token(str(tmp_path / "one"), World())
     for loss_type, weights in one.items():
