@@ -62,12 +62,13 @@ class ValueModel(torch.nn.Module):
 
 
 def build_value_model(source_model: PreTrainedModel | None, model_cfg: Any | None, heads: int, seed: int,
-                      workdir: Path, device: torch.device) -> ValueModel:
-    """A value model in fp32 on ``device``: the trunk of a deep copy of ``source_model`` (a policy's full causal LM:
-    the critic starts from the policy's weights as they are now, as verl's critic starts from the actor's), else of
-    a fresh model from ``model_cfg`` (``name_or_path``, ``tiny``, ``dtype`` as ``build_policies`` reads them; a tiny
-    one is saved once under ``workdir/tiny_init_critic``, its weights drawn from ``seed``). The model must read the
-    policy's token ids (the same tokenizer). A peft model (an adapter policy) is a ValueError: give its config."""
+                      workdir: Path, device: torch.device, suffix: str = "_critic") -> ValueModel:
+    """A value model with fp32 weights on ``device``: the trunk of a deep copy of ``source_model`` (a policy's full
+    causal LM: the critic starts from the policy's weights as they are now, as verl's critic starts from the
+    actor's), else of a fresh model from ``model_cfg`` (``name_or_path``, or ``tiny``: saved once under
+    ``workdir/tiny_init<suffix>``, its weights drawn from ``seed``, as ``resolve_source`` does; ``dtype`` is not
+    read: the weights train in fp32). The model must read the policy's token ids (the same tokenizer). A peft model
+    (an adapter policy) is a ValueError: give its model config instead."""
     if source_model is None and model_cfg is None:
         raise ValueError("build_value_model needs a source model or a model config")
     if source_model is not None:
@@ -75,7 +76,7 @@ def build_value_model(source_model: PreTrainedModel | None, model_cfg: Any | Non
             raise ValueError("build_value_model copies full models; for an adapter policy give the model config")
         config, trunk = source_model.config, copy.deepcopy(source_model.get_decoder())
     else:
-        model = load_model(resolve_source(model_cfg, seed, workdir, "_critic"), "float32", device)
+        model = load_model(resolve_source(model_cfg, seed, workdir, suffix), "float32", device)
         config, trunk = model.config, model.get_decoder()
     trunk = trunk.to(device=device, dtype=torch.float32).requires_grad_(True)
     pad_id = config.pad_token_id
