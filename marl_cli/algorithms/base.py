@@ -31,11 +31,14 @@ class Algorithm:
         modes: the rollout modes (``algorithm.mode``) it is defined for.
         hierarchical: it aligns the sub-agents' trajectories (``algorithm.aligned_roles``), so it
             trains workflows rewarded per trajectory and can run as decoupled main/sub trainers.
+        critic: the level of the learned value model it reads (``critic.name``: ``token``, ``utterance``), whose
+            values the loop puts on the rows before the estimator runs; None: critic-free.
     """
 
     advantages: Estimator
     modes: tuple[str, ...] = ("independent",)
     hierarchical: bool = False
+    critic: str | None = None
 
 
 def check_mode(cfg: Any) -> None:
@@ -49,11 +52,17 @@ def check_mode(cfg: Any) -> None:
 
 
 def check_turn_credit(cfg: Any, algorithm: Algorithm) -> None:
-    """Returns and episode groups follow a role through one episode: independent rollouts of a per-row estimator."""
-    if cfg.gamma != 1.0 and cfg.turn_credit != "return":
-        raise ConfigError(f"algorithm.gamma={cfg.gamma} discounts returns only: set algorithm.turn_credit=return")
+    """Returns and episode groups follow a role through one episode: independent rollouts of a per-row estimator
+    without a critic (a value-based algorithm discounts with ``gamma`` itself)."""
     changed = [f"{key}={cfg[key]}" for key, plain in (("turn_credit", "immediate"), ("norm_group", "turn"))
                if cfg[key] != plain]
+    if algorithm.critic is not None:
+        if changed:
+            raise ConfigError(f"algorithm.{changed[0]}: algorithm={cfg.name} computes its returns with its critic "
+                              "(algorithm.gamma, algorithm.lam); turn credit is for grpo and at_grpo")
+        return
+    if cfg.gamma != 1.0 and cfg.turn_credit != "return":
+        raise ConfigError(f"algorithm.gamma={cfg.gamma} discounts returns only: set algorithm.turn_credit=return")
     if changed and algorithm.hierarchical:
         raise ConfigError(f"algorithm.{changed[0]}: algorithm={cfg.name} rewards whole trajectories (every row "
                           "carries its trajectory's reward); turn credit is for grpo and at_grpo")

@@ -12,8 +12,9 @@ from marl_cli.config.paths import config_dir
 GROUPS = {
     "env": "the task family",
     "workflow": "the agents and their turn order",
-    "algorithm": "how advantages are computed (GRPO, AT-GRPO, M-GRPO)",
+    "algorithm": "how advantages are computed (GRPO, AT-GRPO, M-GRPO; PPO, MARFT, ArCHer with a critic)",
     "credit": "credit beyond the algorithm's: per token (HICRA) or per turn (IGPO)",
+    "critic": "the learned value model the value-based algorithms read: none, token (PPO) or utterance (MARFT, ArCHer)",
     "policy": "which model acts for which role (one shared, one per role, a LoRA adapter per role)",
     "model": "the model every policy starts from (the local tiny model, or a hub/local one)",
     "rollout": "the generation backend (transformers generate, or vLLM)",

@@ -36,6 +36,7 @@ Selection = choices("Selection", "greedy", "random")
 GroupFilter = choices("GroupFilter", "none", "zero_std")
 TurnCredit = choices("TurnCredit", "immediate", "return")
 NormGroup = choices("NormGroup", "turn", "episode")
+CriticScope = choices("CriticScope", "policy", "team")
 DType = choices("DType", "float32", "bfloat16", "float16")
 LossType = choices("LossType", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """TRL's GRPO loss formulations (``GRPOConfig.loss_type``)."""
@@ -275,6 +276,31 @@ class CreditConfig:
     that reshapes the turn rewards before the advantages or the advantages, token by token, after them."""
 
     name: str = MISSING  # the registered method: none | hicra | igpo (set by the option)
+
+
+@dataclass
+class CriticConfig:
+    """A learned value model that the value-based algorithms (ppo, marft, archer) read: none (critic-free), token
+    (V(s_t) at every completion token: PPO) or utterance (V of the state a turn starts in, and ArCHer's Q of the
+    turn's utterance in it). It trains on its own optimiser after the policies' update; every process holds it."""
+
+    name: str = MISSING  # the registered kind: none | token | utterance (set by the option)
+    scope: CriticScope = CriticScope.policy  # one critic per policy (over its roles' rows), or one for the team
+    # what the critic's model changes from its policy's model (name_or_path, tiny.*, dtype: as policy.models);
+    # empty: a copy of the policy's model as RL found it (after the warm start), a new value head on its trunk;
+    # scope=team: of the first policy's
+    model: dict[str, Any] = field(default_factory=dict)
+    learning_rate: float = bounded(1e-5, gt=0.0)  # AdamW
+    weight_decay: float = bounded(0.0, ge=0.0)
+    max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
+    mini_batch_size: int = bounded(64, ge=1)  # rows per critic gradient step
+    epochs: int = bounded(1, ge=1)  # passes over each step's rows (ppo, marft)
+    value_clip: float | None = bounded(0.5, gt=0.0)  # PPO's value clipping around the old values; null: none
+    warmup_steps: int = bounded(0, ge=0)  # the first N steps train the critic only (the policies wait)
+    tau: float = bounded(0.1, gt=0.0, le=1.0)  # archer: target networks' Polyak weight of the online critic
+    replay_capacity: int = bounded(10000, ge=1)  # archer: rows the replay buffer keeps (oldest dropped first)
+    replay_batch_size: int = bounded(64, ge=1)  # archer: rows per critic update drawn from the buffer
+    updates_per_step: int = bounded(1, ge=1)  # archer: critic updates (and target updates) per RL step
 
 
 @dataclass
@@ -544,6 +570,7 @@ class TrainSchema:
     workflow: Any = MISSING
     algorithm: Any = MISSING
     credit: Any = MISSING
+    critic: Any = MISSING
     policy: Any = MISSING
     model: Any = MISSING
     rollout: Any = MISSING
@@ -578,9 +605,9 @@ class ReportSchema:
 
 
 GROUP_SCHEMAS: dict[str, type] = {"env": EnvConfig, "workflow": WorkflowConfig, "algorithm": AlgorithmConfig,
-                                  "credit": CreditConfig, "policy": PolicyConfig, "model": ModelConfig,
-                                  "rollout": RolloutConfig, "trainer": TrainerConfig, "logger": LoggerConfig,
-                                  "store": StoreConfig}
+                                  "credit": CreditConfig, "critic": CriticConfig, "policy": PolicyConfig,
+                                  "model": ModelConfig, "rollout": RolloutConfig, "trainer": TrainerConfig,
+                                  "logger": LoggerConfig, "store": StoreConfig}
 """Each group's generic schema (``<group>/base_<group>``); a registered plug-in adds ``<group>/base_<name>``."""
 
 

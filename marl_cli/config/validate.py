@@ -91,7 +91,7 @@ def describe(exc: BaseException) -> str:
 
 PLUGIN_HINT = ("name the plug-in's module or .py file in MARL_PLUGINS (comma-separated) or in the marl.plugins "
                "entry-point group")
-PLUGIN_GROUPS = ("env", "workflow", "algorithm", "credit", "policy", "rollout")
+PLUGIN_GROUPS = ("env", "workflow", "algorithm", "credit", "critic", "policy", "rollout")
 """The groups a plug-in adds options to (with its schema, ``<group>/base_<name>``), in the order their
 plug-ins are checked."""
 
@@ -338,10 +338,10 @@ def check_overrides(config_name: str, overrides: list[str], search_dirs: list[st
             raise ConfigError(describe(exc)) from exc
 
 
-IDENTITY = ("model", "env", "workflow", "algorithm", "credit", "policy", "seed")
+IDENTITY = ("model", "env", "workflow", "algorithm", "credit", "critic", "policy", "seed")
 """What a run is: a resume may change anything else (steps, logging, learning rate, ...), not these."""
 AS_BEFORE = {"algorithm.turn_credit": "immediate", "algorithm.gamma": 1.0, "algorithm.norm_group": "turn",
-             "credit": {"name": "none"}}
+             "credit": {"name": "none"}, "critic": {"name": "none"}}
 """Keys a later marl added to ``IDENTITY``'s groups, with the value that does what runs did before they existed."""
 
 

@@ -16,6 +16,9 @@ class Sample:
     and is what the update uses (``advantage`` then stays the row's scalar, for statistics and samples.jsonl).
     ``reference`` is the role's correct answer where the turn started (the env's oracle), when a credit method
     asked the rollout for it (IGPO scores how likely the policy is to give it).
+    A learned critic fills in ``values`` (V(s_t) before each completion token: critic=token) or ``value`` (V of
+    the state the turn starts in) and ``q_value`` (Q of the completion in it: ArCHer) before the advantages; a
+    value-based algorithm sets ``returns``, the critic's regression targets (one per token, or one per row).
     ``sampling_logprobs`` are the sampler's log-probs of the completion tokens (the log-prob gap is
     measured against them); ``prompt_truncated`` and ``finished`` (ended with an end token) come
     from the generator too; ``temperature`` is the one the row was sampled at (the learner scores it there).
@@ -41,6 +44,10 @@ class Sample:
     temperature: float | None = None
     token_advantages: list[float] = field(default_factory=list)
     reference: str | None = None
+    values: list[float] = field(default_factory=list)
+    value: float | None = None
+    q_value: float | None = None
+    returns: list[float] = field(default_factory=list)
 
     def per_token(self) -> list[float]:
         """The advantage of each completion token: ``token_advantages`` where given, else ``advantage`` on all."""

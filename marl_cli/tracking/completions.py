@@ -18,7 +18,7 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
 
     With ``rng``: ``per_agent`` rows of each role drawn at random (training rows). Without it: every
     row of the first ``per_agent`` tasks, in order, so whole evaluation episodes read turn by turn. A row with
-    per-token advantages also records them (``token_advantages``, one per completion token).
+    per-token advantages or a critic's values also records them (``_credit``).
     """
     by_role: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
@@ -37,6 +37,18 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
                 "format_ok": s.format_ok, "finished": s.finished,
                 "prompt": tok.decode(s.prompt_ids, skip_special_tokens=False),
                 "completion": tok.decode(s.completion_ids, skip_special_tokens=False)})
-            if s.token_advantages:  # credit given token by token (HICRA): one value per token
-                records[-1]["token_advantages"] = [round(a, 6) for a in s.token_advantages]
+            records[-1].update(_credit(s))
     return records
+
+
+def _credit(s: Sample) -> dict[str, Any]:
+    """What a row's credit came from beyond its reward, where it has it: per-token advantages (HICRA, PPO), the
+    critic's values (``values`` per token, ``value`` and ``q_value`` per row) and the critic's targets."""
+    out: dict[str, Any] = {}
+    for key in ("token_advantages", "values", "returns"):
+        if getattr(s, key):
+            out[key] = [round(a, 6) for a in getattr(s, key)]
+    for key in ("value", "q_value"):
+        if getattr(s, key) is not None:
+            out[key] = round(getattr(s, key), 6)
+    return out

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 CONSUMER = "sub"
 WEIGHTS = "weights"
 KEEP_VERSIONS = 3
-COMPUTED = ("advantage", "keep", "token_advantages")
+COMPUTED = ("advantage", "keep", "token_advantages", "values", "value", "q_value", "returns")
 """What the trainer that reads rows computes itself (the algorithm's fields), so the store does not carry them."""
 
 

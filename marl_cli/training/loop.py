@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
+from marl_cli.algorithms.critics import CRITICS
 from marl_cli.config.team import Schedule, policy_trainer
 from marl_cli.credit.base import shape_advantages, shape_rewards
 from marl_cli.policies.regime import Policy, checkpoint_adapters
@@ -36,6 +37,7 @@ from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
 from marl_cli.training.build import Run, build_run
 from marl_cli.training.checkpoint import load_state, prune_checkpoints, save_checkpoint
+from marl_cli.training.critic_phase import CriticPhase
 from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.hooks import CheckpointHook, EvalHook, Hook, LogHook
@@ -73,6 +75,8 @@ class Trainer:
         self.trained_roles = trained_roles_of(cfg, run.workflow.roles)
         self.schedule = Schedule.of(cfg, run.role_map)
         self.trainers: dict[str, PolicyTrainer] = {}
+        self.critics = CriticPhase(cfg, run.world) if CRITICS.get(cfg.critic.name).level else None
+        """The run's value models (``critic``), or None (a critic-free algorithm)."""
         self.rng = random.Random(cfg.seed)
         self.counters = {"store/trajectories": 0.0}  # decoupled: sub-trajectories written (main) or trained (sub)
         self.start = self.step = 0
@@ -133,6 +137,8 @@ class Trainer:
         for name, policy in self.run.policies.items():
             if name in self.schedule.trainable and (self.schedule.swap_every or set(policy.roles) & self.trained_roles):
                 self.trainers[name] = self.policy_trainer(name, policy)
+        if self.critics is not None:  # from the policies as RL found them (a resume then loads its own)
+            self.critics.build(self.run.policies, self.run.run_dir)
         if not fresh:
             self.restore(self.checkpoint)
 
@@ -172,8 +178,11 @@ class Trainer:
         self.run.generator.release()
         t_rollout = time.perf_counter() - t0
         metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
+        if self.critics is not None:
+            self.critics.annotate(samples)
         rows = self.advantages(samples, rollouts, metrics)
-        active = self.schedule.training(step)
+        warming = self.critics is not None and self.critics.warming(step)  # the critic learns, the policies wait
+        active = set() if warming else self.schedule.training(step)
         for name, trainer in self.trainers.items():
             metrics[f"train/{name}/active"] = float(name in active)
             if name not in active:  # its turn is to come: weights, optimiser and lr schedule stay as they are
@@ -184,6 +193,10 @@ class Trainer:
             stats = trainer.update(mine, self.rng, step - 1)  # k = step − 1 steps done before it
             metrics.update({f"train/{name}/{k}": v for k, v in stats.items()})
             metrics[f"train/{name}/skipped_steps"] = self.counters.get(f"train/{name}/skipped_steps", 0.0)
+        if self.critics is not None:
+            t_critic = time.perf_counter()
+            metrics.update(self.critics.update(rows, step, self.rng))
+            metrics["time/critic_s"] = time.perf_counter() - t_critic
         self.source.after_update(step)
         self.counters["store/trajectories"] += metrics.get("store/written", metrics.get("store/read", 0.0))
         metrics.update(self.source.report(self.counters))
@@ -241,7 +254,9 @@ class Trainer:
         masters = {n: w for n, t in self.trainers.items() if (w := t.master_weights()) is not None}
         if not self.run.world.main:  # the ranks' weights and (gathered) optimiser states are identical
             return
-        path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters, masters)
+        critics = None if self.critics is None else self.critics.state_dict()
+        path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters, masters,
+                               critics)
         log.info("checkpoint: step %d saved to %s", step, path)
         self.source.saved(step)
         limit = self.cfg.trainer.save_total_limit
@@ -254,6 +269,8 @@ class Trainer:
         state = load_state(checkpoint)
         for name, trainer in self.trainers.items():
             trainer.load_state_dict(state["trainers"][name])
+        if self.critics is not None:
+            self.critics.load_state_dict(state.get("critics") or {})
         self.rng.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():  # what the GPUs sample with

@@ -45,6 +45,11 @@ def test_every_group_option_composes(group, option):
         overrides.append("algorithm=m_grpo")  # workflows rewarded per trajectory train with M-GRPO
     if (group, option) == ("credit", "igpo"):
         overrides.append("algorithm.norm_group=episode")  # IGPO normalises every turn of a task together
+    pairs = {("algorithm", "ppo"): "critic=token", ("algorithm", "marft"): "critic=utterance",
+             ("algorithm", "archer"): "critic=utterance", ("critic", "token"): "algorithm=ppo",
+             ("critic", "utterance"): "algorithm=archer"}
+    if (group, option) in pairs:
+        overrides.append(pairs[group, option])  # a value-based algorithm and the critic it reads
     cfg = _compose(overrides)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     if (group, option) == ("rollout", "vllm") and importlib.util.find_spec("vllm") is None:
@@ -91,7 +96,7 @@ def test_config_dir_is_the_checkout_conf():
     ("threads=-1", "threads=-1: must be >= 0"),
     ("env.name=nope", "env.name='nope' is not registered; choose from: "),
     ("workflow.name=nope", "workflow.name='nope' is not registered; choose from: "),
-    ("algorithm.name=ppo", "algorithm.name='ppo' is not registered; choose from: "),
+    ("algorithm.name=trpo", "algorithm.name='trpo' is not registered; choose from: "),
     ("rollout.backend=sglang", "rollout.backend='sglang' is not registered; choose from: "),
     ("policy.name=bogus", "policy.name='bogus' is not registered; choose from: "),
     ("algorithm.mode=tree", "algorithm.mode=tree is not defined for algorithm=grpo; choose from: independent"),
@@ -119,7 +124,7 @@ def test_errors_are_one_line(override, message):
     ("env=plan_pth", {"code", "math", "plan_path", "research", "sokoban", "sudoku"}),
     ("env.name=nope", {"code", "math", "plan_path", "research", "sokoban", "sudoku"}),
     ("workflow.name=nope", {"code_test", "deep_research", "single_agent", "tool_plan", "tool_reason"}),
-    ("algorithm.name=ppo", {"at_grpo", "grpo", "m_grpo"}),
+    ("algorithm.name=trpo", {"archer", "at_grpo", "grpo", "m_grpo", "marft", "ppo"}),
     ("rollout.backend=sglang", {"hf", "vllm"}),
     ("policy.name=bogus", {"lora_per_role", "per_role", "shared"}),
 ])

@@ -1,0 +1,63 @@
+"""What a value model is to a config: its kind (``critic.name``: none, token, utterance), the level of value it
+scores, and the rules between it and the algorithm that reads it. The critic itself (its model, optimiser, target
+network and replay buffer) is ``marl_cli.critics``; the loop runs it (``training.critic_phase``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from marl_cli.algorithms.base import ALGORITHMS
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.registry import Registry
+from marl_cli.config.schema import CriticConfig, ModelConfig
+from marl_cli.config.team import MODEL_KEYS, merged
+
+REPLAY_KEYS = ("tau", "replay_capacity", "replay_batch_size", "updates_per_step")
+"""The critic settings of ArCHer's off-policy critic (target networks, replay buffer) only."""
+ON_POLICY_KEYS = ("epochs", "value_clip")
+"""The critic settings of the on-policy critics (ppo, marft: regression to this step's returns) only."""
+
+
+@dataclass(frozen=True)
+class CriticKind:
+    """A kind of value model.
+
+    Args:
+        level: what it scores: ``token`` (V(s_t) before every completion token), ``utterance`` (V of the state a
+            turn starts in; Q of the turn's utterance for ArCHer), or None (no critic).
+    """
+
+    level: str | None = None
+
+
+def check_critic(cfg: Any) -> None:
+    """The critic is the one the algorithm reads (none for a critic-free one), and its settings are ones that
+    algorithm uses."""
+    algorithm, kind = ALGORITHMS.get(cfg.algorithm.name), CRITICS.get(cfg.critic.name)
+    if algorithm.critic is None and kind.level is not None:
+        raise ConfigError(f"critic={cfg.critic.name}: algorithm={cfg.algorithm.name} is critic-free; a value model is "
+                          "read by algorithm=ppo (critic=token), marft or archer (critic=utterance)")
+    if algorithm.critic != kind.level:
+        raise ConfigError(f"algorithm={cfg.algorithm.name} learns a {algorithm.critic}-level value model: "
+                          f"{'add' if kind.level is None else 'use'} critic={algorithm.critic}")
+    merged(cfg.model, cfg.critic.model, ModelConfig, "critic.model", MODEL_KEYS)
+    defaults = CriticConfig(name=cfg.critic.name)
+    if kind.level is None:
+        unused = tuple(key for key in cfg.critic if key != "name")
+    else:
+        unused = REPLAY_KEYS if cfg.algorithm.name != "archer" else ON_POLICY_KEYS
+    for key in unused:
+        if cfg.critic[key] != getattr(defaults, key):
+            raise ConfigError(f"critic.{key}={cfg.critic[key]} is not used by algorithm={cfg.algorithm.name}"
+                              f"{' (critic=none)' if kind.level is None else ''}")
+    if kind.level is not None and cfg.critic.warmup_steps >= cfg.trainer.steps > 0:
+        raise ConfigError(f"critic.warmup_steps={cfg.critic.warmup_steps}: the policies would never train in "
+                          f"trainer.steps={cfg.trainer.steps}")
+
+
+CRITICS: Registry[CriticKind] = Registry("critic.name", "critic", check=check_critic)
+CRITICS.register("none")(CriticKind())
+CRITICS.register("token")(CriticKind("token"))
+CRITICS.register("utterance")(CriticKind("utterance"))
