@@ -6,14 +6,17 @@ second, generate calls), the per-policy update of that step's rows (and the same
 zero-advantage rows back-propagated too), both again with every row running its own prompt (no prompt
 sharing; the sampling then decodes into generate's own key/value cache), the greedy evaluation, sandbox
 throughput when the run executes code, the SQLite store's write/read/acknowledge throughput for
-sub-trajectory-sized items, and the process's peak RSS. ``--backends`` (``make bench-vllm``, in the vLLM
-venv) compares the rollout backends instead: vLLM against HF ``generate`` on the same prompts (a step's groups:
-16 prompts × 8 samples), for the tiny model and a Qwen2.5-0.5B-shaped one, in completion tokens per second.
+sub-trajectory-sized items, the learning half of a step for each value-model method against AT-GRPO's (critic
+scoring, advantages, policy and critic updates on one shared rollout), and the process's peak RSS. ``--backends``
+(``make bench-vllm``, in the vLLM venv) compares the rollout backends instead: vLLM against HF ``generate`` on the
+same prompts (a step's groups: 16 prompts × 8 samples), for the tiny model and a Qwen2.5-0.5B-shaped one, in
+completion tokens per second.
 Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``)."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import random
@@ -185,6 +188,62 @@ def measure_store(items: int, repeats: int) -> dict[str, float]:
     return {f"store_sqlite_{k}_items_per_s": items / statistics.median(v) for k, v in times.items()}
 
 
+VALUE_METHODS = ("toy/values/plan_path_at_grpo", "toy/values/plan_path_ppo", "toy/values/plan_path_archer",
+                 "toy/values/plan_path_marft_team")
+"""The value-model table's rows: AT-GRPO and the three critics, on the same budget."""
+
+
+def measure_values(repeats: int) -> dict[str, dict[str, float]]:
+    """Per value-model row, the learning half of a step on one shared rollout (the rows of AT-GRPO's budget, tiny
+    untrained model, warm start off): the critic's scoring, the estimator, the policy update and the critic's
+    update, in seconds and relative to AT-GRPO's (whose step is the estimator and the update)."""
+    out: dict[str, dict[str, float]] = {}
+    samples = None
+    for experiment in VALUE_METHODS:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"experiment={experiment}",
+                                                          "trainer.warmstart.enabled=false"])
+        with tempfile.TemporaryDirectory() as tmp:
+            run = build_run(cfg, Path(tmp))
+            if samples is None:  # one rollout for every row: the methods differ in what they learn from it
+                rollout_s, samples = _one_rollout(cfg, run)
+            out[experiment.rsplit("/", 1)[1]] = _learn_timings(cfg, run, samples, Path(tmp), repeats)
+    base = out["plan_path_at_grpo"]["learn_s"]
+    for timings in out.values():
+        timings["rollout_s"] = rollout_s
+        timings["learn_vs_at_grpo"] = timings["learn_s"] / base
+        timings["step_vs_at_grpo"] = (rollout_s + timings["learn_s"]) / (rollout_s + base)
+    return out
+
+
+def _one_rollout(cfg: Any, run: Any) -> tuple[float, list]:
+    """One step's rollout under ``cfg``: its seconds and rows."""
+    tasks = [run.workflow.env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
+    seconds, result = timed(lambda: run.rollout.play(tasks, cfg.algorithm.num_generations, random.Random(0)), 1)
+    return seconds, result.samples
+
+
+def _learn_timings(cfg: Any, run: Any, samples: list, workdir: Path, repeats: int) -> dict[str, float]:
+    """The median seconds of each part of learning from ``samples`` under ``cfg`` (fresh critics and learners)."""
+    from marl_cli.training.critic_phase import CriticPhase
+
+    critics = CriticPhase(cfg, run.world) if cfg.critic.name != "none" else None
+    if critics is not None:
+        critics.build(run.policies, workdir)
+    trainers = learners(run, workdir)[0]
+    rows = [copy.deepcopy(s) for s in samples]
+    parts = {"critic_score_s": lambda: critics and critics.annotate(rows),
+             "advantages_s": lambda: ALGORITHMS.get(cfg.algorithm.name).advantages(rows, cfg.algorithm,
+                                                                                   random.Random(0), None),
+             "update_s": lambda: [t.update([r for r in rows if r.policy == n], random.Random(0))
+                                  for n, t in trainers.items()],
+             "critic_update_s": lambda: critics and critics.update(rows, 1, random.Random(0))}
+    out = {name: timed(part, repeats)[0] for name, part in parts.items()}
+    out["learn_s"] = sum(out.values())
+    out["rows"] = float(len(rows))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/report.json")
@@ -215,6 +274,7 @@ def main() -> None:
     else:
         report["experiments"] = {name: measure(name, args.repeats) for name in experiments}
         report["store"] = measure_store(512, args.repeats)
+        report["value_methods"] = measure_values(args.repeats)
     report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

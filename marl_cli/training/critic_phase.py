@@ -29,11 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 from marl_cli.algorithms.critics import CRITICS
 from marl_cli.algorithms.gae import role_keys, turn_order
 from marl_cli.algorithms.td import critic_targets
+from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig
 from marl_cli.config.team import MODEL_KEYS, merged, policy_model
 from marl_cli.critics.critic import Critic, CriticBatch, Regression
 from marl_cli.critics.replay import ReplayBuffer, Transition
 from marl_cli.critics.value_model import build_value_model
+from marl_cli.policies.loading import load_tokenizer
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.distributed import World
@@ -57,6 +59,18 @@ class CriticPhase:
         self.archer = cfg.algorithm.name == "archer"
         self.critics: dict[str, Critic] = {}
         self.buffers: dict[str, ReplayBuffer] = {}
+
+    def check_tokenizers(self, policies: dict[str, Policy]) -> None:
+        """A critic given its own model (``critic.model.name_or_path``) reads the policies' token ids, so its
+        tokenizer must be theirs: a one-line ConfigError before any model is trained otherwise."""
+        source = self.cfg.critic.model.get("name_or_path")
+        if not source:
+            return
+        vocab = load_tokenizer(str(source)).get_vocab()
+        for name, policy in policies.items():
+            if policy.tokenizer.get_vocab() != vocab:
+                raise ConfigError(f"critic.model.name_or_path={source}: its tokenizer differs from policy {name!r}'s "
+                                  f"({policy.source}); the critic reads the policy's token ids")
 
     def owner(self, row: Sample) -> str:
         """The critic that scores ``row``: its policy's, or the team's."""

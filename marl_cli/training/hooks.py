@@ -27,12 +27,13 @@ READABLE_ROWS = 4
 at the final eval, every row of this many episodes)."""
 STEP_LINE_KEYS = (("reward", "train/reward"), ("success", "train/success"))
 STEP_LINE_POLICY_KEYS = ("loss", "kl_old", "entropy", "logprob_gap/mean")
+STEP_LINE_CRITIC_KEYS = (("value_loss", "value_loss"), ("ev", "explained_variance"))
 
 
 def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[str],
               roles: tuple[str, ...] = ()) -> str:
     """One line of ``train.log`` for a logged step: reward, success, completion tokens per agent (mean and
-    max), per-policy loss and diagnostics, step time."""
+    max), per-policy loss and diagnostics, each critic's value loss and explained variance, step time."""
     parts = [f"step {step}/{steps}"]
     parts += [f"{label} {metrics[key]:.4f}" for label, key in STEP_LINE_KEYS if key in metrics]
     lengths = [f"{role} {metrics[f'train/{role}/completion_tokens']:.1f} (max "
@@ -45,6 +46,10 @@ def step_line(step: int, steps: int, metrics: dict[str, float], policies: list[s
                  if f"train/{name}/{k}" in metrics]
         if shown:
             parts.append(f"[{name}] " + " ".join(shown))
+    for name in sorted({key.split("/")[1] for key in metrics if key.startswith("critic/")}):
+        shown = [f"{label} {metrics[f'critic/{name}/{key}']:.4g}" for label, key in STEP_LINE_CRITIC_KEYS
+                 if f"critic/{name}/{key}" in metrics]
+        parts.append(f"[critic {name}] " + " ".join(shown))
     parts.append(f"{metrics['time/step_s']:.1f} s")
     return " | ".join(parts)
 

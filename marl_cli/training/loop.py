@@ -77,6 +77,8 @@ class Trainer:
         self.trainers: dict[str, PolicyTrainer] = {}
         self.critics = CriticPhase(cfg, run.world) if CRITICS.get(cfg.critic.name).level else None
         """The run's value models (``critic``), or None (a critic-free algorithm)."""
+        if self.critics is not None:
+            self.critics.check_tokenizers(run.policies)
         self.rng = random.Random(cfg.seed)
         self.counters = {"store/trajectories": 0.0}  # decoupled: sub-trajectories written (main) or trained (sub)
         self.start = self.step = 0

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from marl_cli.config.errors import ConfigError
 from marl_cli.training.checkpoint import load_state
 from marl_cli.training.loop import train
 from tests.helpers import FAST, cli, train_config
@@ -86,3 +87,17 @@ def test_marl_eval_loads_a_run_with_a_critic(tmp_path):
     train(train_config(*RUN, *CASES["ppo"], "trainer.steps=1"), run)
     out = cli("eval", *FAST, "algorithm=ppo", "critic=token", f"load={run}", f"hydra.run.dir={tmp_path / 'ev'}")
     assert out.returncode == 0, out.stderr
+
+
+def test_a_critic_model_with_another_tokenizer_is_refused_before_training(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    other = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=other, eos_token="b").save_pretrained(tmp_path / "other")
+    assert AutoTokenizer.from_pretrained(tmp_path / "other").get_vocab()
+    with pytest.raises(ConfigError, match=r"^critic.model.name_or_path=.*other: its tokenizer differs from policy "
+                                          r"'shared'"):
+        train(train_config(*RUN, *CASES["ppo"], f"+critic.model.name_or_path={tmp_path / 'other'}"), tmp_path / "r")
+    assert not (tmp_path / "r" / "checkpoints").exists()

@@ -97,6 +97,12 @@ def test_step_line_names_each_policy():
     assert line == "step 3/10 | reward 0.5000 | success 0.2500 | [a] loss 0.1 kl_old 0.01 | 1.5 s"
 
 
+def test_step_line_shows_each_critics_loss_and_explained_variance():
+    line = step_line(2, 4, {"train/reward": 0.5, "critic/team/value_loss": 0.25, "critic/team/explained_variance": -0.5,
+                            "critic/team/grad_norm": 3.0, "time/step_s": 2.0}, [])
+    assert line == "step 2/4 | reward 0.5000 | [critic team] value_loss 0.25 ev -0.5 | 2.0 s"
+
+
 def test_per_role_policies_start_from_one_warm_started_base(tmp_path):
     few = ("trainer.warmstart.num_examples=24", "trainer.warmstart.epochs=1")
     cfg = _cfg(*few)
