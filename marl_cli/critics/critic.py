@@ -97,6 +97,11 @@ class _NextState:
     completion_ids: list[int]
 
 
+def prompt_only(row: Scored) -> Scored:
+    """``row``'s state alone (its prompt, no completion): what the ``state`` position reads, at half the cost."""
+    return _NextState(list(row.prompt_ids), [])
+
+
 def positions(row: Scored, position: str) -> list[int]:
     """The unpadded indices of ``row`` (prompt then completion) where ``position`` reads (the module's docstring)."""
     prompt, completion = len(row.prompt_ids), len(row.completion_ids)
@@ -216,6 +221,8 @@ class Critic:
         return [v[:, head].tolist() for v in read]
 
     def _at(self, rows: Sequence[Scored], position: str, target: bool) -> torch.Tensor:
+        if position == "state":  # a causal model's value at the prompt's end does not read the completion
+            rows = [prompt_only(r) for r in rows]
         read = self._read(rows, [positions(r, position) for r in rows], target)
         return torch.cat(read) if read else torch.zeros(0, self.model.heads, dtype=self.model.head.weight.dtype)
 
@@ -231,7 +238,8 @@ class Critic:
         """(N, heads) values of each transition's next state s′ (at the last token of ``next_prompt_ids``), 0 for a
         done one (no next state): V(s′) of the TD target r + γ·(1 − done)·V(s′)."""
         live = [i for i, t in enumerate(transitions) if t.next_prompt_ids is not None]
-        values = self.state_values([_NextState(list(transitions[i].next_prompt_ids or []), []) for i in live], target)
+        values = self._at([_NextState(list(transitions[i].next_prompt_ids or []), []) for i in live], "state",
+                          target)
         out = torch.zeros(len(transitions), self.model.heads, dtype=values.dtype)
         out[live] = values
         return out

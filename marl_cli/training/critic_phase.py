@@ -32,7 +32,7 @@ from marl_cli.algorithms.td import critic_targets
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig
 from marl_cli.config.team import MODEL_KEYS, merged, policy_model
-from marl_cli.critics.critic import Critic, CriticBatch, Regression
+from marl_cli.critics.critic import Critic, CriticBatch, Regression, prompt_only
 from marl_cli.critics.replay import ReplayBuffer, Transition
 from marl_cli.critics.value_model import build_value_model
 from marl_cli.policies.loading import load_tokenizer
@@ -130,9 +130,10 @@ class CriticPhase:
         """PPO's and MARFT's regression of the values to this step's returns, clipped around the rows' values."""
         if self.level == "token":
             regression = Regression("token", [s.returns for s in rows], old_values=[s.values for s in rows])
-        else:
+        else:  # the state's value reads the prompt only
             regression = Regression("state", torch.tensor([s.returns[0] for s in rows], dtype=torch.float64),
                                     old_values=torch.tensor([s.value for s in rows], dtype=torch.float64))
+            return self.critics[name].update(CriticBatch([prompt_only(s) for s in rows], [regression]), rng)
         return self.critics[name].update(CriticBatch(rows, [regression]), rng)
 
     def _archer(self, name: str, rows: list[Sample], step: int, rng: random.Random) -> dict[str, float]:
