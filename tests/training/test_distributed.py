@@ -25,7 +25,7 @@ from marl_cli.rollout.samples import Sample
 from marl_cli.training import sharding as sharding_module
 from marl_cli.training.distributed import World, init_from_launcher
 from marl_cli.training.policy_trainer import PolicyTrainer, loss_weight, mini_batches
-from tests.helpers import free_port, torchrun, train_config
+from tests.helpers import FAST, free_port, torchrun, train_config
 from tests.policies.test_tiny import SMALL
 from tests.precision import Float64LogProbs, after_adam, rounding, to_float64
 
@@ -350,3 +350,18 @@ def test_torchrun_two_processes_train_resume_and_write_once(tmp_path, sharding):
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[-2:] == [3, 3]
     assert (run_dir / "checkpoints" / "step_000003").is_dir()
+
+
+def test_torchrun_two_processes_train_a_critic_with_a_replay_buffer(tmp_path):
+    """ArCHer's critic in two real processes: both score and train it together (rows split, values and gradients
+    gathered), the buffer and its draws agree, and the checkpoint holds the critic and its buffer."""
+    run_dir = tmp_path / "run"
+    done = torchrun("~experiment", *FAST[1:], "workflow.max_turns=2", "algorithm=archer", "critic=utterance",
+                    "critic.replay_batch_size=8", "critic.learning_rate=1e-3", "trainer.steps=2",
+                    f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in steps if "train/reward" in r][-1]
+    assert last["critic/shared/replay/size"] > 0 and last["critic/shared/value_loss"] > 0
+    state = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    assert len(state["critics"]["shared"]["buffer"]["transitions"]) == last["critic/shared/replay/size"]
