@@ -52,9 +52,27 @@ def check_critic(cfg: Any) -> None:
         if cfg.critic[key] != getattr(defaults, key):
             raise ConfigError(f"critic.{key}={cfg.critic[key]} is not used by algorithm={cfg.algorithm.name}"
                               f"{' (critic=none)' if kind.level is None else ''}")
+    if kind.level is not None and cfg.critic.share_trunk:
+        check_shared_trunk(cfg)
     if kind.level is not None and cfg.critic.warmup_steps >= cfg.trainer.steps > 0:
         raise ConfigError(f"critic.warmup_steps={cfg.critic.warmup_steps}: the policies would never train in "
                           f"trainer.steps={cfg.trainer.steps}")
+
+
+def check_shared_trunk(cfg: Any) -> None:
+    """A value head on a policy's own model trains that model between the policy's steps: one full model per
+    critic, trained every step (no copy, adapter, sharded learner or schedule that holds a policy still)."""
+    where = "critic.share_trunk=true"
+    rules = [(cfg.critic.scope == "team", "needs critic.scope=policy (a trunk is one policy's model)"),
+             (bool(cfg.critic.model), "puts the head on the policy's model: leave critic.model empty"),
+             (cfg.policy.name == "lora_per_role", "needs full-model policies (an adapter's base is shared)"),
+             (cfg.trainer.sharding != "none", "needs trainer.sharding=none (the policy's model is a copy of the "
+                                              "sharded learner)"),
+             (bool(cfg.trainer.frozen_roles) or cfg.trainer.alternate_every > 0 or cfg.trainer.swap_roles_every > 0,
+              "would train a policy its schedule holds still (frozen_roles, alternate_every, swap_roles_every)")]
+    for broken, why in rules:
+        if broken:
+            raise ConfigError(f"{where} {why}")
 
 
 CRITICS: Registry[CriticKind] = Registry("critic.name", "critic", check=check_critic)

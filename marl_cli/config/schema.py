@@ -290,6 +290,9 @@ class CriticConfig:
     # empty: a copy of the policy's model as RL found it (after the warm start), a new value head on its trunk;
     # scope=team: of the first policy's
     model: dict[str, Any] = field(default_factory=dict)
+    # the value head on its policy's own model instead of a copy: the critic's regression also trains the policy's
+    # trunk (with the critic's own optimiser, after the policy's step); full-model policies, scope=policy
+    share_trunk: bool = False
     learning_rate: float = bounded(1e-5, gt=0.0)  # AdamW
     weight_decay: float = bounded(0.0, ge=0.0)
     max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping

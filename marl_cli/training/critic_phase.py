@@ -3,7 +3,8 @@ them, scoring each step's rows before the algorithm's estimator (``annotate``), 
 update (``update``), and saved in every checkpoint (weights, target copies, optimisers, replay buffers).
 
 One critic per policy (its roles' rows) or one for the team (``critic.scope``). Its model is a copy of its
-policy's model with a new value head, or the model ``critic.model`` describes. What it is regressed to is the
+policy's model with a new value head, the model ``critic.model`` describes, or (``critic.share_trunk``) the head on
+the policy's own model, whose weights the critic's update then moves too. What it is regressed to is the
 algorithm's:
 
 - ``ppo`` (token level) and ``marft`` (utterance level): this step's GAE returns (``Sample.returns``), PPO's
@@ -34,7 +35,7 @@ from marl_cli.config.schema import ModelConfig
 from marl_cli.config.team import MODEL_KEYS, merged, policy_model
 from marl_cli.critics.critic import Critic, CriticBatch, Regression, prompt_only
 from marl_cli.critics.replay import ReplayBuffer, Transition
-from marl_cli.critics.value_model import build_value_model
+from marl_cli.critics.value_model import ValueModel, build_value_model
 from marl_cli.policies.loading import load_tokenizer
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.samples import Sample
@@ -59,6 +60,8 @@ class CriticPhase:
         self.archer = cfg.algorithm.name == "archer"
         self.critics: dict[str, Critic] = {}
         self.buffers: dict[str, ReplayBuffer] = {}
+        self.shared: dict[str, Policy] = {}
+        """The policies whose own trunk a critic trains (``critic.share_trunk``), by critic."""
 
     def check_tokenizers(self, policies: dict[str, Policy]) -> None:
         """A critic given its own model (``critic.model.name_or_path``) reads the policies' token ids, so its
@@ -83,15 +86,25 @@ class CriticPhase:
         names = ["team"] if cfg.critic.scope == "team" else list(policies)
         for name in names:
             policy = policies[next(iter(policies))] if name == "team" else policies[name]
-            source = policy.model if not cfg.critic.model and policy.adapter is None else None
-            model_cfg = None if source is not None else merged(policy_model(cfg, policy.name), cfg.critic.model,
-                                                               ModelConfig, "critic.model", MODEL_KEYS)
-            model = build_value_model(source, model_cfg, 4 if self.archer else 1, cfg.seed, run_dir,
-                                      policy.model.device, f"_critic_{name}")
+            model = self._value_model(policy, name, run_dir)
             settings = OmegaConf.merge(cfg.critic, {"value_clip": None}) if self.archer else cfg.critic  # plain MSE
             self.critics[name] = Critic(model, settings, self.world, targets=self.archer)
             if self.archer:
                 self.buffers[name] = ReplayBuffer(cfg.critic.replay_capacity)
+
+    def _value_model(self, policy: Policy, name: str, run_dir: Path) -> ValueModel:
+        """Critic ``name``'s model: its heads on the policy's own trunk (``critic.share_trunk``), on a copy of it,
+        or on the model ``critic.model`` describes."""
+        cfg, heads = self.cfg, 4 if self.archer else 1
+        if cfg.critic.share_trunk:
+            self.shared[name] = policy
+            pad = policy.model.config.pad_token_id
+            return ValueModel(policy.model.get_decoder(), heads, cfg.seed, 0 if pad is None else int(pad))
+        source = policy.model if not cfg.critic.model and policy.adapter is None else None
+        model_cfg = None if source is not None else merged(policy_model(cfg, policy.name), cfg.critic.model,
+                                                           ModelConfig, "critic.model", MODEL_KEYS)
+        return build_value_model(source, model_cfg, heads, cfg.seed, run_dir, policy.model.device,
+                                 f"_critic_{name}")
 
     def _groups(self, rows: list[Sample]) -> dict[str, list[Sample]]:
         groups: dict[str, list[Sample]] = defaultdict(list)
@@ -123,6 +136,8 @@ class CriticPhase:
         out: dict[str, float] = {}
         for name, mine in self._groups(rows).items():
             stats = self._archer(name, mine, step, rng) if self.archer else self._on_policy(name, mine, rng)
+            if name in self.shared:  # the policy's weights moved: rollout backends with a copy re-sync
+                self.shared[name].mark_updated()
             out.update({f"critic/{name}/{key}": value for key, value in stats.items()})
         return out
 

@@ -105,6 +105,14 @@ def test_each_value_algorithm_composes_with_its_critic(overrides):
     ("algorithm=ppo critic=token algorithm.lam=1.5", "algorithm.lam=1.5: must be >= 0.0 and <= 1.0"),
     ("algorithm=ppo critic=token critic.scope=everyone", "critic.scope: Invalid value 'everyone'"),
     ("algorithm=ppo critic=token algorithm.mode=tree", "algorithm.mode=tree is not defined for algorithm=ppo"),
+    ("algorithm=ppo critic=token critic.share_trunk=true critic.scope=team",
+     "critic.share_trunk=true needs critic.scope=policy"),
+    ("algorithm=ppo critic=token critic.share_trunk=true +critic.model.dtype=float32",
+     "critic.share_trunk=true puts the head on the policy's model: leave critic.model empty"),
+    ("algorithm=ppo critic=token critic.share_trunk=true policy=lora_per_role",
+     "critic.share_trunk=true needs full-model policies"),
+    ("algorithm=ppo critic=token critic.share_trunk=true trainer.frozen_roles=[agent]",
+     "critic.share_trunk=true would train a policy its schedule holds still"),
 ])
 def test_a_critic_that_does_not_fit_is_a_one_line_error(overrides, message):
     with pytest.raises(ConfigError) as err:

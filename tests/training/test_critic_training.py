@@ -18,6 +18,7 @@ CASES = {
               "critic.scope=team"],
     "archer": ["workflow.max_turns=2", "algorithm=archer", "critic=utterance", "critic.replay_batch_size=8",
                "critic.updates_per_step=2"],
+    "ppo_shared_trunk": ["algorithm=ppo", "critic=token", "critic.share_trunk=true"],
 }
 RUN = [*FAST, "critic.learning_rate=1e-3", "trainer.save_every=1", "trainer.eval_every=0",
        "trainer.log_completions_every=1", "rollout.temperature=1.5"]
@@ -101,3 +102,25 @@ def test_a_critic_model_with_another_tokenizer_is_refused_before_training(tmp_pa
                                           r"'shared'"):
         train(train_config(*RUN, *CASES["ppo"], f"+critic.model.name_or_path={tmp_path / 'other'}"), tmp_path / "r")
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_a_shared_trunk_critic_trains_the_policys_own_model(tmp_path):
+    """``critic.share_trunk``: the value head sits on the policy's model itself; with the policies held by the
+    critic's warm-up, only the critic's regression moves the policy's weights (and its version, so rollout
+    backends re-sync)."""
+    from marl_cli.training.build import build_run
+    from marl_cli.training.loop import Trainer
+
+    cfg = train_config(*RUN, *CASES["ppo_shared_trunk"], "trainer.steps=2", "critic.warmup_steps=1")
+    trainer = Trainer(build_run(cfg, tmp_path / "r"))
+    trainer.prepare()
+    policy = trainer.run.policies["shared"]
+    assert trainer.critics.critics["shared"].model.trunk is policy.model.get_decoder()
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    version = policy.version
+    metrics, _ = trainer.train_step(1)
+    assert metrics["train/shared/active"] == 0.0 and policy.version > version
+    after = policy.model.state_dict()
+    assert set(after) == set(before)  # the value head is the critic's, not a weight of the policy's model
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    trainer.close("completed")
