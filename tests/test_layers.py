@@ -13,7 +13,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("envs", "algorithms", "credit", "workflows", "policies", "rollout.backends", "rollout.generation",
      "rollout.growing_cache", "rollout.padding", "rollout.prefix", "rollout.vllm_generator", "rollout.vllm_install"),
     ("rollout.engine", "tracking", "plugins"),
-    ("training", "critics", "report"),
+    ("training", "critics", "report", "gpu_check"),
     ("cli", "__main__"),
 ]
 """Bottom to top; a module belongs to the layer of its longest listed prefix (``rollout.engine`` before
