@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input reference docs wheel wheel-check clean
+.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input gpu-check reference docs wheel wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ bench-vllm: $(VLLM_STAMP)
 
 bad-input: $(STAMP)
 	$(BIN)/python bench/bad_input.py
+
+# Every GPU path on this machine's CUDA devices, tiny models, one table (also gpu_check.json and gpu_check.md);
+# without CUDA one line, exit 0. ARGS: --only <check>, --out <file>, --timeout <s>, --device cpu (the stand-ins).
+gpu-check: $(STAMP)
+	$(BIN)/marl gpu-check $(ARGS)
 
 # The config reference (docs/reference/config.md) from the schemas; rerun after adding or changing a config key.
 reference: $(STAMP)

@@ -12,6 +12,7 @@ COMMANDS = {
     "eval": ("marl_cli.cli.eval", "evaluate a run, a checkpoint or a model on held-out tasks (conf/eval.yaml)"),
     "report": ("marl_cli.cli.report", "tabulate run dirs beside paper numbers (Markdown, CSV; --plot for curves)"),
     "env": ("marl_cli.cli.env", "print versions, devices and tools (paste it into a bug report)"),
+    "gpu-check": ("marl_cli.cli.gpu_check", "tiny-model checks of every GPU path in one table (make gpu-check)"),
     "completion": ("marl_cli.cli.completion", "print tab completion: eval \"$(marl completion bash)\" (or zsh)"),
 }
 

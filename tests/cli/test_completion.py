@@ -17,7 +17,7 @@ EXAMPLE_CONF = Path(__file__).resolve().parents[2] / "examples" / "extending" / 
 
 
 def test_commands_and_shells():
-    assert query("marl ") == ["train", "eval", "report", "env", "completion", "--help", "--version"]
+    assert query("marl ") == ["train", "eval", "report", "env", "gpu-check", "completion", "--help", "--version"]
     assert query("marl t") == ["train"]
     assert query("marl completion ") == ["bash", "zsh"]
     assert query("marl report ") == []  # run dirs: the shell completes file names
