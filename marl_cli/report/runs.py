@@ -7,6 +7,7 @@ A run whose overrides change its experiment's budget says so (``report.budget``)
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import math
@@ -186,9 +187,38 @@ def _without(config: dict[str, Any], dotted: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    elif prefix:
+        yield prefix[:-1], node
+
+
+@functools.cache
+def schema_defaults() -> dict[str, Any]:
+    """Every config group's schema defaults by dotted key (``trainer.epo_coef``: 0.0); required keys left out."""
+    from marl_cli.config.schema import GROUP_SCHEMAS
+
+    out: dict[str, Any] = {}
+    for group, schema in GROUP_SCHEMAS.items():
+        node = OmegaConf.to_container(OmegaConf.structured(schema), resolve=False, enum_to_str=True)
+        out.update({key: value for key, value in _leaves(node, f"{group}.") if value != "???"})
+    return out
+
+
+def without_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the settings at their schema default: a run saved before a key existed and one that
+    leaves it at its default have the same setup (a group option's own defaults may differ: they stay)."""
+    defaults = schema_defaults()
+    return _without(config, [key for key, value in _leaves(config)
+                             if key in defaults and json.dumps(value, default=str) == json.dumps(defaults[key])])
+
+
 def setup_key(config: dict[str, Any], load_key: str | None = None) -> str:
-    """A string equal for configs that differ only in seed and bookkeeping (an eval's ``load`` by its run's key)."""
-    stripped = _without(config, BOOKKEEPING)
+    """A string equal for configs that differ only in seed, bookkeeping and settings at their schema default (an
+    eval's ``load`` by its run's key)."""
+    stripped = _without(without_defaults(config), BOOKKEEPING)
     if load_key is not None:
         stripped["load"] = load_key
     return json.dumps(stripped, sort_keys=True)
@@ -196,6 +226,7 @@ def setup_key(config: dict[str, Any], load_key: str | None = None) -> str:
 
 def before_key(config: dict[str, Any]) -> str:
     """A string equal for runs that start from the same model (only RL settings and labels may differ)."""
+    config = without_defaults(config)
     kept = {k: get(config, k) for k in BEFORE_KEPT}
     stripped = _without(config, (*BOOKKEEPING, *BEFORE_IGNORED))
     return json.dumps({**stripped, "_kept": kept}, sort_keys=True)

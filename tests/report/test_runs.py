@@ -189,6 +189,17 @@ def test_setup_key_ignores_seed_and_bookkeeping_only(tmp_path):
     assert setup_key(base) != setup_key(other)
 
 
+def test_a_run_saved_before_a_key_existed_has_the_setup_of_one_at_its_default():
+    """marl added ``critic.share_trunk`` and ``trainer.epo_coef`` (defaults false and 0): a run saved without them
+    groups with one that leaves them there, not with one that sets them."""
+    older = {"env": {"name": "plan_path"}, "trainer": {"learning_rate": 0.1}, "critic": {"name": "ppo_like"}}
+    newer = {"env": {"name": "plan_path"}, "trainer": {"learning_rate": 0.1, "epo_coef": 0.0},
+             "critic": {"name": "ppo_like", "share_trunk": False}}
+    assert setup_key(older) == setup_key(newer)
+    assert setup_key(older) != setup_key({**newer, "trainer": {"learning_rate": 0.1, "epo_coef": 0.01}})
+    assert setup_key(older) != setup_key({**newer, "critic": {"name": "ppo_like", "share_trunk": True}})
+
+
 def test_load_runs_reads_every_discovered_dir(tmp_path):
     for s in range(3):
         make_run(tmp_path, f"sweep/seed={s}", seed=s, success=0.1 * s)
