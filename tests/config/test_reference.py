@@ -68,7 +68,10 @@ def test_reference_states_types_defaults_bounds_and_choices():
     assert "| `trainer.learning_rate` | float | `1e-05` | > 0 |" in trainer
     assert "{grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo}" in trainer
     algorithm = section_text("algorithm")
-    assert "| key | type | `at_grpo` | `grpo` | `m_grpo` | bounds | help |" in algorithm  # a default per option
-    assert "| `algorithm.mode` | {independent, tree} | `tree` | `independent` | `independent` |" in algorithm
+    # a default per option, one table per schema
+    assert "| key | type | `archer` | `at_grpo` | `grpo` | `m_grpo` | bounds | help |" in algorithm
+    assert "| `algorithm.mode` | {independent, tree} | `independent` | `tree` | `independent` | `independent` |" in \
+        algorithm
+    assert "| key | type | `marft` | `ppo` | bounds | help |" in algorithm
     assert "`rollout.vllm.gpu_memory_utilization` | float | `0.3` | `0.3` | > 0, ≤ 1 |" in section_text("rollout")
     assert "| `model.name_or_path` | str or null | `${marl_required:" in section_text("model")
