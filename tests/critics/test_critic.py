@@ -5,7 +5,6 @@ updating as one."""
 from __future__ import annotations
 
 import copy
-import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,18 +12,16 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from marl_cli.critics.critic import Critic, CriticBatch, Regression
 from marl_cli.critics.losses import explained_variance
 from marl_cli.critics.replay import Transition
 from marl_cli.critics.value_model import ValueModel
 from marl_cli.rollout.samples import Sample
-from marl_cli.training.distributed import World, init_from_launcher
+from marl_cli.training.distributed import World
 from tests.critics.test_value_model import float64_value_model
-from tests.helpers import free_port
 from tests.precision import after_adam, assert_rounding_close, rounding
+from tests.training.test_distributed import _in_two_processes
 
 TERMS = 1000
 """An upper bound on the terms any value or gradient entry here accumulates (≤ 12 positions × widths ≤ 64)."""
@@ -215,24 +212,11 @@ def _two_updates(tmp: str, world: World) -> tuple[dict[str, torch.Tensor], list[
     return {k: v.clone() for k, v in critic.model.state_dict().items()}, stats
 
 
-def _worker(rank: int, port: int, tmp: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), CUDA_VISIBLE_DEVICES="")
-    torch.set_num_threads(1)
-    init_from_launcher()
-    result = _two_updates(tmp, World.current())
-    if rank == 0:
-        torch.save(result, out)
-    dist.destroy_process_group()
-
-
 def test_two_processes_update_the_critic_as_one(tmp_path: Path):
     """Each mini-batch split across two gloo processes, their gradients averaged: the weights equal one process's
     up to float64 rounding through Adam (``after_adam``: 2 updates × 2 epochs × 3 mini-batches), and so do the
     loss and gradient norm."""
-    out = tmp_path / "two.pt"
-    mp.spawn(_worker, args=(free_port(), str(tmp_path), str(out)), nprocs=2, join=True)
-    weights2, stats2 = torch.load(out, weights_only=False)
+    weights2, stats2 = _in_two_processes(_two_updates, tmp_path)
     weights, stats = _two_updates(str(tmp_path), World())
     for key, value in weights.items():
         torch.testing.assert_close(weights2[key], value, atol=after_adam(LR, 12, TERMS), rtol=0, msg=key)
