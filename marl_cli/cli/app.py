@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from marl_cli.config.errors import ConfigError
+from marl_cli.config.errors import ConfigError, RunError
 from marl_cli.config.launch import launched_rank, launched_world_size
 from marl_cli.config.paths import config_dirs_in
 from marl_cli.config.registry import load_plugins
@@ -100,9 +100,9 @@ def inherited_overrides(args: list[str]) -> list[str]:
     return []
 
 
-def fail(command: str, message: str) -> None:
+def fail(command: str, message: str, code: int = 2) -> None:
     print(f"marl {command}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 NO_EXPERIMENT = "experiment=null"
@@ -177,6 +177,8 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
         summary = job(cfg, run_dir)
     except Exception as exc:
         if hydra.mode != RunMode.MULTIRUN:
+            if isinstance(exc, RunError):  # what it saved stands: the run dir stays
+                fail(command, str(exc), code=1)
             if not isinstance(exc, ConfigError):
                 raise
             remove_if_empty(run_dir)
@@ -194,7 +196,7 @@ def shown(path: Path) -> Path:
 def sweep_job_failed(run_dir: Path, sweep_dir: Path, exc: Exception) -> None:
     """A sweep goes on past a failing job: its error is logged, kept in its ``summary.json`` (status
     ``failed``) and, with the in-process launcher, makes ``marl`` exit 2 once every job has run."""
-    error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    error = str(exc) if isinstance(exc, ConfigError | RunError) else f"{type(exc).__name__}: {exc}"
     name = str(run_dir.relative_to(sweep_dir)) if run_dir.is_relative_to(sweep_dir) else str(run_dir)
     logging.getLogger("marl_cli").error("job %s failed: %s", name, error)
     summary_path = run_dir / "summary.json"

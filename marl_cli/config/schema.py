@@ -491,7 +491,15 @@ class TrainerConfig:
     # every N steps the roles move one policy along (two policies swap roles: CORY's pioneer and observer); 0: never
     swap_roles_every: int = bounded(0, ge=0)
     role: TrainerRole = TrainerRole.all  # all: one process; main | sub: decoupled M-GRPO trainers
-    sync: bool = True  # decoupled: main waits for the sub trainer's step s-1 before rolling out step s
+    # rows may be sampled from weights up to k updates old: 0 rolls out, then updates (synchronous); k > 0 plays
+    # step s on a rollout worker process from the weights after update max(0, s-1-k) while the learner trains
+    # (decoupled M-GRPO: main rolls out step s with the sub policy's weights of step s-1-k or newer)
+    max_staleness: int = bounded(0, ge=0)
+    # max_staleness > 0: a rollout worker silent this long (no generate call, no wait it reports from) is stuck:
+    # the run stops with one line
+    heartbeat_timeout_s: float = bounded(300.0, gt=0.0)
+    # max_staleness > 0: the longest the rollout worker waits for the weights a step needs before it gives up
+    weight_sync_timeout_s: float = bounded(1800.0, gt=0.0)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
 
 

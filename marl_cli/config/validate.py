@@ -63,7 +63,9 @@ def _keys_of(object_type: object) -> list[str]:
     return []
 
 
-MOVED = {"rollout.eval_temperature": "eval.temperature"}
+MOVED = {"rollout.eval_temperature": "eval.temperature",
+         "trainer.sync": "trainer.max_staleness (sync=true is 0; sync=false let the sub policy's weights lag: "
+                         "give the lag it may have, e.g. 1)"}
 """Keys that moved: the error for the old one names the new one."""
 
 

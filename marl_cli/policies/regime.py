@@ -80,6 +80,20 @@ class Policy:
         self.model.load_state_dict(saved.state_dict())
         self.mark_updated()
 
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What an update changes: a full model's state dict, or this adapter's weights only (views, not copies)."""
+        if self.adapter is None:
+            return self.model.state_dict()
+        return get_peft_model_state_dict(self.model, adapter_name=self.adapter)
+
+    def load_trained_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load what ``trained_state`` gave (another process's copy of this policy), in place."""
+        if self.adapter is None:
+            self.model.load_state_dict(state)
+        else:
+            set_peft_model_state_dict(self.model, state, adapter_name=self.adapter)
+        self.mark_updated()
+
     def save(self, path: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Full models: HF weights (``weights`` instead of the model's own when given); adapters: this adapter's
         weights and config only."""

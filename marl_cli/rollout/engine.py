@@ -29,7 +29,7 @@ from marl_cli.policies.regime import Policy
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.generation import Generation, Sampling
 from marl_cli.rollout.samples import Sample
-from marl_cli.rollout.scripted import scripted_actor
+from marl_cli.rollout.scripted import is_scripted, scripted_actor
 from marl_cli.workflows.base import Outcome, TeamState, Workflow
 
 MODES = ("independent", "tree")
@@ -104,6 +104,11 @@ class Rollout:
     def evaluation(self) -> Rollout:
         """This rollout with the evaluation sampling (the training sampling when none is set), independent episodes."""
         return replace(self, sampling=self.eval_sampling or self.sampling, mode="independent")
+
+    def start_generator(self) -> None:
+        """Start what the policies acting now need in the backend (every process of a run at once)."""
+        self.generator.start([self.policies[name] for name in dict.fromkeys(self.routing.values())
+                              if not is_scripted(name)])
 
     def play(self, tasks: list[Any], k: int, rng: random.Random | None = None) -> RolloutResult:
         """Play every task (``k`` branches, or ``k`` candidates per agent turn in tree mode); return all rows."""

@@ -48,6 +48,9 @@ class Sample:
     value: float | None = None
     q_value: float | None = None
     returns: list[float] = field(default_factory=list)
+    policy_version: int | None = None
+    """The updates the weights that sampled the row had received (the trainer's steps; a decoupled sub row: the
+    sub trainer's); a row trained after update s − 1 is s − 1 − ``policy_version`` updates old (its staleness)."""
 
     def per_token(self) -> list[float]:
         """The advantage of each completion token: ``token_advantages`` where given, else ``advantage`` on all."""

@@ -37,6 +37,10 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
                 "format_ok": s.format_ok, "finished": s.finished,
                 "prompt": tok.decode(s.prompt_ids, skip_special_tokens=False),
                 "completion": tok.decode(s.completion_ids, skip_special_tokens=False)})
+            if s.policy_version is not None:  # the weights that sampled it, and (training rows) how many updates old
+                records[-1]["policy_version"] = s.policy_version
+                if rng is not None:
+                    records[-1]["staleness"] = step - 1 - s.policy_version
             records[-1].update(_credit(s))
     return records
 

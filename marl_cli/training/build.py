@@ -209,8 +209,7 @@ class Run:
     def play(self, tasks: Sequence[Any], play: Callable[[list[Any]], RolloutResult]) -> RolloutResult:
         """``play`` this process's share of ``tasks`` and gather every process's result (``play_shared``), once the
         rollout backend has started what the policies acting now need (every process at once)."""
-        self.generator.start([self.policies[name] for name in dict.fromkeys(self.routing.values())
-                              if not is_scripted(name)])
+        self.rollout.start_generator()
         return play_shared(self.world, tasks, play)
 
     def tokenizers(self) -> dict[str, Any]:
@@ -233,6 +232,14 @@ class Run:
         self.rollout.routing = {**self.rollout.routing, **routing(self.role_map, policies)}  # scripted roles stay
 
 
+def build_rollout(cfg: DictConfig, workflow: Workflow, policies: dict[str, Policy], routes: dict[str, str]) -> Rollout:
+    """The rollout of ``workflow`` by ``policies`` routed by ``routes`` (role → policy): the config's backend,
+    sampling, mode and tree selection (a run's, and its rollout worker's: ``training/rollout_worker.py``)."""
+    return Rollout(workflow, policies, routes, BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg),
+                   sampling_from(cfg, evaluation=True), cfg.algorithm.mode, cfg.algorithm.selection,
+                   CREDITS.get(cfg.credit.name).references)
+
+
 def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     """Check ``cfg`` and build what the run acts with (seeding Python and torch from ``cfg.seed``).
 
@@ -253,7 +260,5 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     mine = sub_roles(cfg, role_map) if OmegaConf.select(cfg, "trainer.role") == "sub" else role_map
     owned = {r: p for r, p in role_map.items() if r in mine}
     policies = source.load(cfg, run_dir, owned, device)
-    rollout = Rollout(workflow, policies, {**routing(role_map, policies), **scripted_routing(cfg.policy)},
-                      BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg), sampling_from(cfg, evaluation=True),
-                      cfg.algorithm.mode, cfg.algorithm.selection, CREDITS.get(cfg.credit.name).references)
+    rollout = build_rollout(cfg, workflow, policies, {**routing(role_map, policies), **scripted_routing(cfg.policy)})
     return Run(cfg, run_dir, role_map, rollout, source, World.current())

@@ -36,10 +36,10 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 def save_checkpoint(run_dir: Path, step: int, policies: dict[str, Policy], trainer_states: dict[str, Any],
                     rng: random.Random, extra: dict[str, Any] | None = None,
                     weights: dict[str, dict[str, torch.Tensor]] | None = None,
-                    critics: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint of ``step`` (with the loop's ``extra`` counters and the ``critics``' states) and return
-    its directory; ``weights`` by policy name replace what a policy's model holds (a sharded learner's fp32
-    masters)."""
+                    critics: dict[str, Any] | None = None, in_flight: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint of ``step`` (with the loop's ``extra`` counters, the ``critics``' states and the rows
+    rollout workers played for later steps, ``in_flight``) and return its directory; ``weights`` by policy name
+    replace what a policy's model holds (a sharded learner's fp32 masters)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -47,6 +47,7 @@ def save_checkpoint(run_dir: Path, step: int, policies: dict[str, Policy], train
         policy.save(tmp / "policies" / name, (weights or {}).get(name))
     torch.save({"step": step, "trainers": trainer_states, "python_rng": rng.getstate(),
                 "torch_rng": torch.get_rng_state(), "extra": extra or {}, "critics": critics,
+                "in_flight": in_flight,
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "state.pt")
     (tmp / MANIFEST).write_text(json.dumps(manifest(tmp), indent=1, sort_keys=True))
     shutil.rmtree(final, ignore_errors=True)

@@ -4,8 +4,10 @@
 rollout of step s it writes every sub-trajectory (key ``<step>/<task>/<branch>/<role>/<segment>``)
 to stream ``sub/<s>``, in one transaction with the record ``step/<s>`` (the step's rollouts and item
 count); a step already in the store (a restarted main) is not written again. Before rolling out it
-loads the sub policy's newest published weights: synchronous mode waits for version s − 1 (the
-sub trainer has trained on every earlier step), asynchronous mode takes whatever is newest.
+loads the sub policy's newest published weights, waiting until they are at least version s − 1 − k
+(``trainer.max_staleness=k``; 0: the sub trainer has trained on every earlier step). The sub rows record the
+version they were sampled from (``Sample.policy_version``), so the sub trainer's rows are at most k updates
+old: the same bound, per row, as the rollout worker's (``training/rollout_worker.py``).
 
 ``trainer.role=sub`` takes the steps in order: waits for ``step/<s>``, reads the stream's items its
 consumer has not acknowledged, recomputes their rewards (the workflow's sub reward), aligns them
@@ -53,7 +55,7 @@ class Exchange:
     def __init__(self, store: Store, cfg: Any, run_dir: Path, sub_roles: list[str], sub_policy: str):
         self.store = store
         self.role = cfg.trainer.role
-        self.sync = cfg.trainer.sync
+        self.max_staleness = cfg.trainer.max_staleness
         self.namespace = cfg.store.namespace
         self.poll_s = cfg.store.poll_s
         self.timeout_s = cfg.store.timeout_s
@@ -71,7 +73,7 @@ class Exchange:
                                   "another store.namespace=... (both trainers must use it)")
             self.publish(0, policies)
         else:
-            self.refresh(policies, 0, wait=True)
+            self.refresh(policies, 0)
 
     def publish(self, version: int, policies: dict[str, Policy]) -> None:
         """Save the sub policy as weights ``version`` and announce it (older versions beyond a few are removed)."""
@@ -87,15 +89,15 @@ class Exchange:
         for old in sorted(root.glob("v*"))[:-KEEP_VERSIONS]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def refresh(self, policies: dict[str, Policy], version: int, wait: bool | None = None) -> dict[str, float]:
-        """Load the newest published weights into the sub policy; when waiting (default: ``sync``) first until
-        they reach ``version``."""
-        if self.sync if wait is None else wait:
-            what = (f"the sub trainer's weights of step {version} or newer" if self.role == "main" else
+    def refresh(self, policies: dict[str, Policy], version: int) -> dict[str, float]:
+        """Load the newest published weights into the sub policy, waiting first until they reach ``version`` −
+        ``max_staleness`` (the main trainer) or ``version`` (the sub trainer's start)."""
+        least = version - self.max_staleness if self.role == "main" else version
+        record = self.store.get(WEIGHTS) or {"version": self.loaded, "path": ""}
+        if record["version"] < least:
+            what = (f"the sub trainer's weights of step {least} or newer" if self.role == "main" else
                     "the main trainer to start and publish the sub-agent's starting weights")
-            record = self.store.wait(WEIGHTS, lambda r: r["version"] >= version, self.poll_s, self.timeout_s, what)
-        else:
-            record = self.store.get(WEIGHTS) or {"version": self.loaded, "path": ""}
+            record = self.store.wait(WEIGHTS, lambda r: r["version"] >= least, self.poll_s, self.timeout_s, what)
         if record["version"] > self.loaded:
             policies[self.sub_policy].load_weights(Path(record["path"]))
             self.loaded = record["version"]

@@ -123,11 +123,21 @@ class World:
 def play_shared(world: World, tasks: Sequence[Any], play: Callable[[list[Any]], RolloutResult]) -> RolloutResult:
     """``play`` this rank's share of ``tasks`` and gather every rank's episodes and rows, task indices
     renumbered to ``tasks``' (every rank returns the same result; one process plays them all)."""
-    part = play(world.share(tasks))
+    return gathered(world, renumbered(world, play(world.share(tasks))))
+
+
+def renumbered(world: World, part: RolloutResult) -> RolloutResult:
+    """This rank's ``part`` (played from ``world.share(tasks)``) with task indices renumbered to ``tasks``'."""
+    if world.size > 1:
+        for item in (*part.episodes, *part.samples):
+            item.task = world.global_index(item.task)
+    return part
+
+
+def gathered(world: World, part: RolloutResult) -> RolloutResult:
+    """Every rank's ``part`` (renumbered) as one result, the same on every rank."""
     if world.size == 1:
         return part
-    for item in (*part.episodes, *part.samples):
-        item.task = world.global_index(item.task)
     parts = world.gather(part)
     return RolloutResult([s for p in parts for s in p.samples],
                          sorted((e for p in parts for e in p.episodes), key=lambda e: (e.task, e.branch)),

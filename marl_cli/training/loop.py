@@ -180,6 +180,7 @@ class Trainer:
         self.run.generator.release()
         t_rollout = time.perf_counter() - t0
         metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
+        metrics.update(staleness_metrics([s for s in samples if s.role in self.trained_roles], step))
         if self.critics is not None:
             self.critics.annotate(samples)
         rows = self.advantages(samples, rollouts, metrics)
@@ -253,12 +254,13 @@ class Trainer:
     def save(self, step: int) -> None:
         """Checkpoint ``step``; a decoupled sub trainer then acknowledges the store items the checkpoint holds."""
         states = {n: t.state_dict() for n, t in self.trainers.items()}  # every rank: a sharded state is gathered
+        ahead = self.run.world.gather(self.source.in_flight(step))  # rows played for later steps, every rank's
         masters = {n: w for n, t in self.trainers.items() if (w := t.master_weights()) is not None}
         if not self.run.world.main:  # the ranks' weights and (gathered) optimiser states are identical
             return
         critics = None if self.critics is None else self.critics.state_dict()
         path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters, masters,
-                               critics)
+                               critics, {"ranks": ahead} if any(ahead) else None)
         log.info("checkpoint: step %d saved to %s", step, path)
         self.source.saved(step)
         limit = self.cfg.trainer.save_total_limit
@@ -283,7 +285,7 @@ class Trainer:
         if dropped:
             log.info("resume: dropped %d records of steps after %d from metrics.jsonl/samples.jsonl", dropped,
                      self.start)
-        self.source.restored(self.start)
+        self.source.restored(self.start, state.get("in_flight"))
 
     def close(self, status: str) -> None:
         self.summary["status"] = status
@@ -314,6 +316,17 @@ class Trainer:
         if run.world.main:
             write_json(path, summary)
         return summary
+
+
+def staleness_metrics(samples: list[Sample], step: int) -> dict[str, float]:
+    """How many updates old the rows trained at ``step`` are (step − 1 − their policy version): mean, max and the
+    share of rows of each age (``async/staleness_<n>``)."""
+    ages = [step - 1 - s.policy_version for s in samples if s.policy_version is not None]
+    if not ages:
+        return {}
+    metrics = {"async/staleness_mean": sum(ages) / len(ages), "async/staleness_max": float(max(ages))}
+    metrics.update({f"async/staleness_{age}": ages.count(age) / len(ages) for age in sorted(set(ages))})
+    return metrics
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

@@ -1,21 +1,31 @@
 """Where a training step's rows come from: rollouts of this step's tasks, or (decoupled sub trainer) the store.
 
 Every source answers ``rows(step, rng) -> (samples, rollouts per task or None, metrics)`` and hears the fit
-loop's other points (``start`` on a fresh run, ``after_update``, ``saved``, ``restored``, ``finish``, ``close``),
-so the fit loop never branches on the trainer's role: the decoupled M-GRPO exchange (``training/decoupled.py``)
-lives in ``MainRows`` (rollouts that meet the sub trainer's weights and hand it their sub-trajectories) and
-``StoreRows`` (the sub trainer's rows, read from the store). ``row_source`` picks the source of a run.
+loop's other points (``start`` on a fresh run, ``after_update``, ``in_flight`` and ``saved`` around a checkpoint,
+``restored``, ``finish``, ``close``), so the fit loop never branches on where rows come from: ``AsyncRows`` plays
+them on a rollout worker process ahead of the learner (``trainer.max_staleness``, ``training/rollout_worker.py``);
+the decoupled M-GRPO exchange (``training/decoupled.py``) lives in ``MainRows`` (rollouts that meet the sub
+trainer's weights and hand it their sub-trajectories) and ``StoreRows`` (the sub trainer's rows, read from the
+store). ``row_source`` picks the source of a run.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import time
+from typing import Any
 
+from marl_cli.config.errors import ConfigError
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, row_metrics
 from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import Run
 from marl_cli.training.decoupled import Exchange
+from marl_cli.training.distributed import gathered
+from marl_cli.training.rollout_worker import Played, RolloutWorker, step_tasks
+
+log = logging.getLogger(__name__)
 
 Rows = tuple[list[Sample], dict[int, list[int]] | None, dict[str, float]]
 
@@ -38,13 +48,14 @@ class RolloutRows:
     def rows(self, step: int, rng: random.Random) -> Rows:
         run, cfg = self.run, self.run.cfg
         metrics = self.before_rollout(step)
-        per_step = cfg.rollout.tasks_per_step
-        tasks = [run.workflow.env.task("train", (step - 1) * per_step + j) for j in range(per_step)]
+        tasks = step_tasks(run.workflow, step, cfg.rollout.tasks_per_step)
 
         def play(mine: list) -> RolloutResult:
             return run.rollout.play(mine, cfg.algorithm.num_generations, rng)
 
         result = run.play(tasks, play)
+        for sample in result.samples:
+            sample.policy_version = step - 1
         rng.setstate(run.world.from_main(rng.getstate()))  # the ranks shuffle and select alike from here on
         metrics.update(rollout_metrics(result, "train"))
         metrics.update(self.after_rollout(step, result.samples))
@@ -64,11 +75,16 @@ class RolloutRows:
     def after_update(self, step: int) -> None:
         """Rollouts need nothing after an update (the policies are updated in place)."""
 
+    def in_flight(self, step: int) -> dict[int, Any]:
+        """What a checkpoint of ``step`` must hold of rows already played for later steps, by step (none)."""
+        return {}
+
     def saved(self, step: int) -> None:
         """A checkpoint of ``step`` is written (nothing to do)."""
 
-    def restored(self, step: int) -> None:
-        """The run resumed after ``step`` (nothing to do)."""
+    def restored(self, step: int, in_flight: dict[int, Any] | None = None) -> None:
+        """The run resumed after ``step`` with the checkpoint's rows played ahead (ignored: rollouts play each step
+        when it comes)."""
 
     def finish(self, step: int) -> None:
         """After the last step (nothing to do)."""
@@ -85,10 +101,58 @@ class RolloutRows:
         return ""
 
 
+class AsyncRows(RolloutRows):
+    """Rollouts played ahead by a rollout worker process (``trainer.max_staleness`` > 0): step s from the
+    weights after update max(0, s − 1 − k), while the learner trains the steps before it
+    (``training/rollout_worker.py``). A checkpoint holds the steps played ahead, so a resume is exact."""
+
+    def __init__(self, run: Run):
+        super().__init__(run)
+        self.worker: RolloutWorker | None = None
+        self.ahead: dict[int, Played] = {}  # steps played for later, by step (this process's share)
+
+    def rows(self, step: int, rng: random.Random) -> tuple[list[Sample], None, dict[str, float]]:
+        t0 = time.perf_counter()
+        played = self.ahead.pop(step, None) or self.worker.receive(step)
+        metrics = {"async/wait_s": time.perf_counter() - t0, "async/worker_rollout_s": played.seconds}
+        result = gathered(self.run.world, played.result)
+        metrics.update(rollout_metrics(result, "train"))
+        return result.samples, None, metrics
+
+    def start(self, policies: dict[str, Policy]) -> None:
+        self.worker = RolloutWorker(self.run, 0, 1)
+
+    def after_update(self, step: int) -> None:
+        """Send the worker the weights of update ``step``."""
+        self.worker.send(step, self.run.policies)
+
+    def in_flight(self, step: int) -> dict[int, Played]:
+        """The steps after ``step`` the worker has played or is playing: ``max_staleness`` of them (waited for)."""
+        last = min(step + self.run.cfg.trainer.max_staleness, self.run.cfg.trainer.steps)
+        for later in range(step + 1, last + 1):
+            if later not in self.ahead:
+                self.ahead[later] = self.worker.receive(later)
+        return dict(self.ahead)
+
+    def restored(self, step: int, in_flight: dict[int, Any] | None = None) -> None:
+        """Go on from the checkpoint's steps played ahead (this process's share); the worker plays the rest."""
+        parts = (in_flight or {}).get("ranks") or [{}] * self.run.world.size
+        if len(parts) != self.run.world.size:
+            raise ConfigError(f"the checkpoint after step {step} holds rows played ahead by {len(parts)} processes' "
+                              f"rollout workers: resume it with {len(parts)} processes")
+        self.ahead = dict(parts[self.run.world.rank])
+        self.worker = RolloutWorker(self.run, step, step + len(self.ahead) + 1)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+
 class MainRows(RolloutRows):
     """A decoupled main trainer's rollouts (``trainer.role=main``): before each it loads the sub policy's newest
-    weights, after it hands the rollout's sub-trajectories to the store; synchronous, it loads the sub policy
-    trained on the last step before the final evaluation."""
+    weights (at most ``trainer.max_staleness`` updates behind), after it hands the rollout's sub-trajectories to
+    the store; with ``max_staleness=0`` it loads the sub policy trained on the last step before the final
+    evaluation."""
 
     def __init__(self, run: Run, exchange: Exchange):
         super().__init__(run)
@@ -98,6 +162,9 @@ class MainRows(RolloutRows):
         return self.exchange.refresh(self.run.policies, step - 1)
 
     def after_rollout(self, step: int, samples: list[Sample]) -> dict[str, float]:
+        for sample in samples:
+            if sample.role in self.exchange.sub_roles:
+                sample.policy_version = self.exchange.loaded
         return self.exchange.send(step, samples)
 
     def start(self, policies: dict[str, Policy]) -> None:
@@ -105,7 +172,7 @@ class MainRows(RolloutRows):
         self.exchange.start(policies)
 
     def finish(self, step: int) -> None:
-        if self.run.cfg.trainer.sync:
+        if self.run.cfg.trainer.max_staleness == 0:
             self.exchange.refresh(self.run.policies, step)
 
     def close(self) -> None:
@@ -145,7 +212,7 @@ class StoreRows(MainRows):
         self.exchange.acknowledge(range(self.acked + 1, step + 1))
         self.acked = step
 
-    def restored(self, step: int) -> None:
+    def restored(self, step: int, in_flight: dict[int, Any] | None = None) -> None:
         """A crash between a checkpoint and its acknowledgement leaves its steps unacknowledged: acknowledge them."""
         self.exchange.acknowledge(range(1, step + 1))
         self.acked = step
@@ -160,5 +227,5 @@ class StoreRows(MainRows):
 def row_source(run: Run, exchange: Exchange | None = None) -> RolloutRows:
     """The rows of a run: plain rollouts, or a decoupled trainer's side of the ``exchange`` (by its role)."""
     if exchange is None:
-        return RolloutRows(run)
+        return AsyncRows(run) if run.cfg.trainer.max_staleness else RolloutRows(run)
     return StoreRows(run, exchange) if exchange.role == "sub" else MainRows(run, exchange)

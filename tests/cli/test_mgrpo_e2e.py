@@ -139,7 +139,7 @@ def test_decoupled_trainers_over_redis_asynchronous(warm_model, tmp_path):
     with redis_server(tmp_path / "redis", "--requirepass", "pw") as port:  # returns once the server answers
         store = ["store=redis", "store.host=127.0.0.1", f"store.port={port}", "store.password=pw",
                  "store.namespace=r", "store.poll_s=0.1"]
-        common = [*_from(warm_model), *store, "trainer.steps=2", "trainer.sync=false"]
+        common = [*_from(warm_model), *store, "trainer.steps=2", "trainer.max_staleness=1"]
         main = _spawn("train", *common, "trainer.role=main", f"hydra.run.dir={tmp_path / 'main'}")
         sub = _spawn("train", *common, "trainer.role=sub", f"hydra.run.dir={tmp_path / 'sub'}")
         _finish(main)

@@ -255,7 +255,7 @@ def test_mgrpo_row_has_the_papers_settings(benchmark, row):
         assert cfg.workflow.max_turns == 20 + 19 * 20
     assert list(cfg.trainer.frozen_roles) == (["sub"] if row == "frozen_sub" else [])
     assert cfg.store.name == ("redis" if row in ("sync", "async") else "sqlite")
-    assert cfg.trainer.sync is (row != "async")
+    assert cfg.trainer.max_staleness == (100 if row == "async" else 0)
 
 
 def test_every_mgrpo_row_has_its_file_and_nothing_else():

@@ -19,7 +19,7 @@ from tests.policies.test_tiny import SMALL
 
 
 def _exchange(tmp_path, role: str, store_path) -> Exchange:
-    cfg = OmegaConf.create({"trainer": {"role": role, "sync": True},
+    cfg = OmegaConf.create({"trainer": {"role": role, "max_staleness": 0},
                             "store": {"namespace": "t", "poll_s": 0.01, "timeout_s": 5.0}})
     store = build_store(StoreConfig(name="sqlite", path=str(store_path), namespace="t"))
     return Exchange(store, cfg, tmp_path / role, ["sub"], "sub")

@@ -47,7 +47,7 @@ def _run(tmp_path: Path, *overrides: str) -> Run:
 
 
 def _exchange(tmp_path: Path, role: str) -> Exchange:
-    cfg = OmegaConf.create({"trainer": {"role": role, "sync": True},
+    cfg = OmegaConf.create({"trainer": {"role": role, "max_staleness": 0},
                             "store": {"namespace": "t", "poll_s": 0.01, "timeout_s": 5.0}})
     store = build_store(StoreConfig(name="sqlite", path=str(tmp_path / "store.sqlite"), namespace="t"))
     return Exchange(store, cfg, tmp_path / role, ["agent"], "agent")
