@@ -65,13 +65,13 @@ class Trainer:
 
     Args:
         run: what the run acts with (``build_run``; a resumed run continues from ``run.source.resumed``).
-        source: where each step's rows come from (``training/rows.py``; default: the run's rollouts).
+        source: where each step's rows come from (``training/rows.py``; default: the run's, ``row_source``).
     """
 
     def __init__(self, run: Run, source: RolloutRows | None = None):
         cfg = run.cfg
         self.run, self.cfg, self.checkpoint = run, cfg, run.source.resumed
-        self.source = source or RolloutRows(run)
+        self.source = source or row_source(run)
         self.trained_roles = trained_roles_of(cfg, run.workflow.roles)
         self.schedule = Schedule.of(cfg, run.role_map)
         self.trainers: dict[str, PolicyTrainer] = {}

@@ -85,6 +85,9 @@ def test_config_dir_is_the_checkout_conf():
     ("+trainer.foo=1", "trainer.foo: no such key; valid keys: steps, learning_rate"),
     ("+foo=1", "foo: no such key; valid keys: env, workflow"),
     ("rollout.eval_temperature=0.5", "rollout.eval_temperature: no such key; it is eval.temperature now"),
+    ("trainer.sync=false", "trainer.sync: no such key; it is trainer.max_staleness (sync=true is 0"),
+    ("trainer.max_staleness=-1", "trainer.max_staleness=-1: must be >= 0"),
+    ("trainer.heartbeat_timeout_s=0", "trainer.heartbeat_timeout_s=0.0: must be > 0.0"),
     ("eval.samples=4", "eval.samples=4 with eval.temperature=0 repeats one greedy episode"),  # training evals too
     ("trainer.learning_rate=0", "trainer.learning_rate=0.0: must be > 0.0"),
     ("trainer.save_every=-1", "trainer.save_every=-1: must be >= 0"),
