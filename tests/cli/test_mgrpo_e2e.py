@@ -149,6 +149,7 @@ def test_decoupled_trainers_over_redis_asynchronous(warm_model, tmp_path):
     assert main_summary["store/trajectories"] == sub_summary["store/trajectories"]
     sub_steps = [m for m in _metrics(tmp_path / "sub") if "train/reward" in m]
     assert [m["step"] for m in sub_steps] == [1, 2] and all(m["store/lag_steps"] >= 0 for m in sub_steps)
+    assert all(m["async/staleness_max"] <= 1 for m in sub_steps)  # the sub rows: at most one update old
 
 
 def test_config_errors(tmp_path):

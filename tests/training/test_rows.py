@@ -46,8 +46,8 @@ def _run(tmp_path: Path, *overrides: str) -> Run:
     return Run(cfg, tmp_path, role_map, rollout)
 
 
-def _exchange(tmp_path: Path, role: str) -> Exchange:
-    cfg = OmegaConf.create({"trainer": {"role": role, "max_staleness": 0},
+def _exchange(tmp_path: Path, role: str, max_staleness: int = 0) -> Exchange:
+    cfg = OmegaConf.create({"trainer": {"role": role, "max_staleness": max_staleness},
                             "store": {"namespace": "t", "poll_s": 0.01, "timeout_s": 5.0}})
     store = build_store(StoreConfig(name="sqlite", path=str(tmp_path / "store.sqlite"), namespace="t"))
     return Exchange(store, cfg, tmp_path / role, ["agent"], "agent")
@@ -110,3 +110,22 @@ def test_a_resumed_sub_trainer_acknowledges_what_its_checkpoint_holds(tmp_path):
     with pytest.raises(TimeoutError):  # nothing of step 2 is stored yet: the wait times out
         sub.exchange.timeout_s = 0.05
         sub.rows(2, random.Random(0))
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_main_rolls_out_with_sub_weights_at_most_max_staleness_updates_old(tmp_path, max_staleness):
+    """Step 3 is due from sub weights of step 2 − k: with k = 1 version 1 will do, with k = 0 main waits (here: in
+    vain); the sub rows record the version they were sampled from."""
+    run = _run(tmp_path)
+    main = MainRows(run, _exchange(tmp_path, "main", max_staleness))
+    main.start(run.policies)
+    main.exchange.store.set("weights", {"version": 1, "path": str(tmp_path / "main" / "published" / "v000000")})
+    main.exchange.timeout_s = 0.05
+    if max_staleness == 0:
+        with pytest.raises(TimeoutError, match="the sub trainer's weights of step 2 or newer"):
+            main.rows(3, random.Random(0))
+    else:
+        samples, _, metrics = main.rows(3, random.Random(0))
+        assert metrics["store/sub_weights_version"] == 1.0 and metrics["store/lag_steps"] == 1.0
+        assert {s.policy_version for s in samples} == {1}
+    main.close()
