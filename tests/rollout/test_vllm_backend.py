@@ -310,6 +310,20 @@ def test_a_lora_per_role_run_trains_through_vllm(tmp_path):
             assert record[f"train/{name}/logprob_gap/mean"] < 1e-5
 
 
+def test_a_rollout_worker_samples_through_its_own_engine_with_the_learners_adapters(tmp_path):
+    """``trainer.max_staleness=1``: the worker process builds its own engine and receives each update's adapter
+    weights; step 1 is played from the learner's starting weights (no gap), later steps one update behind."""
+    cfg = train_config(*VLLM, "policy=lora_per_role", "policy.lora_r=8", "workflow=tool_plan", "algorithm=at_grpo",
+                       "workflow.max_turns=1", "trainer.steps=3", "trainer.mini_batch_size=4", "threads=1",
+                       "trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=16", "trainer.max_staleness=1")
+    assert train(cfg, tmp_path / "run")["status"] == "completed"
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"train/reward"' in line]
+    assert [record["async/staleness_max"] for record in steps] == [0.0, 1.0, 1.0]
+    for name in ("tool", "plan"):
+        assert steps[0][f"train/{name}/logprob_gap/mean"] < 1e-5
+
+
 LORA_GROUPS = [*VLLM, "policy=lora_per_role", "policy.lora_r=8", "workflow=tool_plan", "algorithm=at_grpo",
                "+policy.models.tool.tiny.num_hidden_layers=2", "+policy.models.tool.tiny.hidden_size=64",
                "+policy.models.tool.tiny.intermediate_size=128"]
