@@ -7,10 +7,12 @@ zero-advantage rows back-propagated too), both again with every row running its 
 sharing; the sampling then decodes into generate's own key/value cache), the greedy evaluation, sandbox
 throughput when the run executes code, the SQLite store's write/read/acknowledge throughput for
 sub-trajectory-sized items, the learning half of a step for each value-model method against AT-GRPO's (critic
-scoring, advantages, policy and critic updates on one shared rollout), and the process's peak RSS. ``--backends``
-(``make bench-vllm``, in the vLLM venv) compares the rollout backends instead: vLLM against HF ``generate`` on the
-same prompts (a step's groups: 16 prompts × 8 samples), for the tiny model and a Qwen2.5-0.5B-shaped one, in
-completion tokens per second.
+scoring, advantages, policy and critic updates on one shared rollout), the toy Plan-Path AT-GRPO run's wall per
+step synchronous and with asynchronous rollouts (``trainer.max_staleness`` 1 and 2), and the process's peak RSS.
+``--backends`` (``make bench-vllm``, in the vLLM venv) compares the rollout backends instead: vLLM against HF
+``generate`` on the same prompts (a step's groups: 16 prompts × 8 samples), for the tiny model and a
+Qwen2.5-0.5B-shaped one, in completion tokens per second. ``--only-async``: the asynchronous rollouts' comparison
+alone.
 Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``)."""
 
 from __future__ import annotations
@@ -216,6 +218,41 @@ def measure_values(repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
+ASYNC = {"sync, 2 threads": (0, 2), "sync, 1 thread": (0, 1), "max_staleness=1": (1, 1), "max_staleness=2": (2, 1)}
+"""The wall-per-step comparison: (``trainer.max_staleness``, threads of each process)."""
+
+
+def measure_async(steps: int = 6) -> dict[str, dict[str, float]]:
+    """The toy table's Plan-Path AT-GRPO run, ``steps`` steps from one (cached) warm start: the learner's seconds
+    per step after the first (rollout, or waiting for the worker's rows, then the update) synchronous and with a
+    rollout worker ``max_staleness`` updates behind; the worker and the learner get one thread each, the
+    synchronous run both (and one, for reference)."""
+    from marl_cli.training.loop import train
+
+    out: dict[str, dict[str, float]] = {}
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (k, n) in ASYNC.items():
+            with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+                cfg = compose(config_name="train", overrides=[
+                    "experiment=toy/table/plan_path_at_grpo_shared", f"trainer.steps={steps}", "env.eval_size=8",
+                    f"trainer.max_staleness={k}", f"threads={n}", "progress=false",
+                    f"trainer.warmstart.cache={tmp}/cache"])
+            torch.set_num_threads(n)
+            run = Path(tmp) / name.replace(" ", "_").replace(",", "")
+            train(cfg, run)
+            records = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                       if "time/step_s" in r and r["step"] > 1]
+            out[name] = {key: statistics.mean(r.get(metric, 0.0) for r in records) for key, metric in
+                         (("step_s", "time/step_s"), ("wait_s", "async/wait_s"),
+                          ("rollout_s", "async/worker_rollout_s" if k else "time/rollout_s"))}
+    torch.set_num_threads(threads)
+    base = out["sync, 2 threads"]["step_s"]
+    for timings in out.values():
+        timings["vs_sync_2_threads"] = timings["step_s"] / base
+    return out
+
+
 def _one_rollout(cfg: Any, run: Any) -> tuple[float, list]:
     """One step's rollout under ``cfg``: its seconds and rows."""
     tasks = [run.workflow.env.task("train", i) for i in range(cfg.rollout.tasks_per_step)]
@@ -258,6 +295,8 @@ def main() -> None:
                         "length (repeatable; default: each shape's)")
     parser.add_argument("--prompts", type=int, default=16, help="backend comparison: prompts per call")
     parser.add_argument("--samples", type=int, default=8, help="backend comparison: samples per prompt")
+    parser.add_argument("--only-async", action="store_true", help="measure only the asynchronous rollouts' wall "
+                        "per step")
     parser.add_argument("--experiment", action="append", help="an experiment whose settings are measured "
                         "(repeatable; default: embedded, toy/plan_path_at_grpo_shared, toy/research_mgrpo)")
     args = parser.parse_args()
@@ -268,13 +307,16 @@ def main() -> None:
                     "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
         "repeats": args.repeats,
     }
-    if args.backends:
+    if args.only_async:
+        report["async_rollouts"] = measure_async()
+    elif args.backends:
         report["backends"] = measure_backends(args.repeats, args.override, args.prompts, args.samples, args.shape,
                                               args.new_tokens)
     else:
         report["experiments"] = {name: measure(name, args.repeats) for name in experiments}
         report["store"] = measure_store(512, args.repeats)
         report["value_methods"] = measure_values(args.repeats)
+        report["async_rollouts"] = measure_async()
     report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
