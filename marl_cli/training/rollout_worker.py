@@ -29,14 +29,17 @@ One worker per training process: under a launcher rank r's worker plays rank r's
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import multiprocessing
 import os
 import queue
 import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,12 +72,13 @@ class Played:
 
 @dataclass
 class WorkerSpec:
-    """What a rollout worker starts from (picklable without torch: the policies travel serialized)."""
+    """What a rollout worker starts from (picklable without torch; the policies follow as the first message on
+    the weights queue, whose feeder thread writes them: a worker that dies while it starts cannot block the
+    learner)."""
 
     cfg: dict[str, Any]
     role_map: dict[str, str]
     routing: dict[str, str]
-    policies: bytes
     version: int
     first_step: int
     rank: int
@@ -107,8 +111,6 @@ class RolloutWorker:
     """
 
     def __init__(self, run: Any, version: int, first_step: int):
-        import multiprocessing
-
         cfg = run.cfg
         self.run_dir = run.run_dir
         self.heartbeat_s = cfg.trainer.heartbeat_timeout_s
@@ -121,10 +123,12 @@ class RolloutWorker:
         from omegaconf import OmegaConf
 
         spec = WorkerSpec(OmegaConf.to_container(cfg, resolve=True), dict(run.role_map), dict(run.routing),
-                          serialize(run.policies), version, first_step, run.world.rank, run.world.size, os.getpid())
+                          version, first_step, run.world.rank, run.world.size, os.getpid())
+        self.weights.put((version, serialize(run.policies)))
         self.process = ctx.Process(target=worker_main, args=(spec, self.weights, self.rows, self.beat),
                                    name=f"marl-rollout-{run.world.rank}", daemon=True)
-        self.process.start()
+        with spawn_start_method():
+            self.process.start()
         log.info("rollout worker %d started (trainer.max_staleness=%d): it plays step %d on from weights version "
                  "%d", self.process.pid, cfg.trainer.max_staleness, first_step, version)
 
@@ -220,7 +224,8 @@ class _Worker:
             torch.set_num_threads(cfg.threads)
         if cfg.trainer.deterministic:
             determinism.apply(cfg.threads)
-        self.rollout = build_rollout(cfg, build_team(cfg), deserialize(spec.policies), dict(spec.routing))
+        _, policies = self.next_weights()
+        self.rollout = build_rollout(cfg, build_team(cfg), deserialize(policies), dict(spec.routing))
         self.rollout.generator = _Beating(self.rollout.generator, beat)
         self.schedule = Schedule.of(cfg, spec.role_map)
         self.version = spec.version
@@ -236,20 +241,23 @@ class _Worker:
 
     def load_next(self) -> None:
         """Wait for the learner's next weights version and load it."""
-        waited, limit = 0.0, self.cfg.trainer.weight_sync_timeout_s
+        version, data = self.next_weights()
+        for name, state in (deserialize(data) if data else {}).items():
+            self.rollout.policies[name].load_trained_state(state)
+        self.version = version
+
+    def next_weights(self) -> tuple[int, bytes]:
+        """The next message on the weights queue: (version, serialized weights), waiting for it."""
+        waited, limit = 0.0, self.spec.cfg["trainer"]["weight_sync_timeout_s"]
         while True:
             try:
-                version, data = self.weights.get(timeout=POLL_S)
-                break
+                return self.weights.get(timeout=POLL_S)
             except queue.Empty:
                 waited += POLL_S
                 self.alive_or_exit()
                 if waited > limit:
-                    raise TimeoutError(f"waited {waited:.0f} s for the learner's weights version {self.version + 1} "
-                                       f"(trainer.weight_sync_timeout_s={limit:g})") from None
-        for name, state in (deserialize(data) if data else {}).items():
-            self.rollout.policies[name].load_trained_state(state)
-        self.version = version
+                    raise TimeoutError(f"waited {waited:.0f} s for the learner's weights after version "
+                                       f"{self.spec.version} (trainer.weight_sync_timeout_s={limit:g})") from None
 
     def play(self, step: int) -> Played:
         """This rank's share of step ``step``'s tasks, from its own seed."""
@@ -286,6 +294,21 @@ class _Worker:
         self.beat.value = time.time()
         if os.getppid() != self.spec.parent:
             os._exit(0)
+
+
+@contextlib.contextmanager
+def spawn_start_method() -> Iterator[None]:
+    """Start the worker under a start method a fresh interpreter knows: a job of Hydra's joblib launcher runs in a
+    loky process, whose default start method (``loky``) the spawned worker would fail to set up."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method in (None, "fork", "spawn", "forkserver"):
+        yield
+        return
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(method, force=True)
 
 
 class _Beating:

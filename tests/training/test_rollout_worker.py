@@ -22,7 +22,7 @@ from marl_cli.training.hooks import Hook
 from marl_cli.training.loop import Trainer, staleness_metrics, train
 from marl_cli.training.rollout_worker import RolloutWorker, policy_version, step_seed, step_tasks
 from marl_cli.training.rows import AsyncRows, RolloutRows, row_source
-from tests.helpers import FAST, SMALL, train_config
+from tests.helpers import FAST, SMALL, marl, train_config
 
 WARM = ["trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=400", "trainer.warmstart.batch_size=16",
         "trainer.warmstart.epochs=3", "trainer.warmstart.learning_rate=3e-3"]
@@ -220,3 +220,13 @@ def test_two_processes_each_run_a_worker_for_their_share_and_resume(tmp_path):
     assert {s.task for rank in out["ahead"] for s in rank[3].result.samples} == {0, 1}  # task 0 on rank 0, 1 on 1
     steps = [m for m in out["metrics"] if "train/reward" in m]
     assert [m["step"] for m in steps] == [1, 2, 3] and [m["async/staleness_max"] for m in steps] == [0.0, 1.0, 1.0]
+
+
+def test_a_sweep_job_of_the_cpu_launcher_starts_its_worker(tmp_path):
+    """Hydra's joblib launcher runs a job in a loky process, whose default start method a spawned worker cannot
+    set up: the worker starts under ``spawn`` there too."""
+    done = marl("train", "-m", "hydra/launcher=cpu", "threads=1", *FAST, "trainer.steps=2",
+                "trainer.max_staleness=1,2", f"hydra.sweep.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*/*/summary.json")]
+    assert len(summaries) == 2 and all(s["status"] == "completed" for s in summaries)
