@@ -169,7 +169,10 @@ class RolloutWorker:
                            f"stuck and was stopped; {self.resume_hint()}")
 
     def resume_hint(self) -> str:
-        return f"the newest checkpoint stands: go on with trainer.resume={self.run_dir}"
+        """How to go on: from the newest checkpoint, or (none written yet) from the start."""
+        if any((self.run_dir / "checkpoints").glob("step_*")):
+            return f"the newest checkpoint stands: go on with trainer.resume={self.run_dir}"
+        return "no checkpoint was written yet: start the run again"
 
     def stop(self) -> None:
         """Stop the worker (it holds nothing a checkpoint lacks)."""

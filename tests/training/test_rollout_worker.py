@@ -173,6 +173,9 @@ def test_a_killed_worker_stops_the_run_with_one_line_and_the_resume_is_exact(tmp
                                        r"checkpoint stands: go on with trainer.resume="):
         _fit(train_config(*RUN, cache, "trainer.save_every=1"), run, _AtStep(2, signal.SIGKILL))
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    with pytest.raises(RunError, match=r"exited with code -9 while playing step \d; no checkpoint was written yet: "
+                                       r"start the run again"):
+        _fit(train_config(*RUN, cache), tmp_path / "early", _AtStep(1, signal.SIGKILL))
     assert (run / "checkpoints" / "step_000002").exists()
     assert train(train_config(*RUN, cache, f"trainer.resume={run}"), tmp_path / "unused")["status"] == "completed"
     _same_run(run, whole)
