@@ -233,3 +233,17 @@ def test_a_sweep_job_of_the_cpu_launcher_starts_its_worker(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*/*/summary.json")]
     assert len(summaries) == 2 and all(s["status"] == "completed" for s in summaries)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["workflow=tool_plan", "algorithm=at_grpo", "policy=per_role", "workflow.max_turns=1"],  # trees, two models
+    ["workflow=tool_plan", "algorithm=at_grpo", "policy=lora_per_role", "policy.lora_r=4", "workflow.max_turns=1",
+     "trainer.swap_roles_every=1"],  # adapters, and roles that change policy every step
+    ["workflow.max_turns=2", "algorithm=ppo", "critic=token"],  # a critic scores the rows the worker played
+], ids=["tree-per-role", "lora-swap", "ppo-critic"])
+def test_every_kind_of_run_trains_with_a_rollout_worker(tmp_path, overrides):
+    run = tmp_path / "run"
+    assert train(train_config(*FAST, "threads=1", *overrides, "trainer.steps=3", "trainer.max_staleness=2"),
+                 run)["status"] == "completed"
+    steps = [m for m in _metrics(run) if "train/reward" in m]
+    assert [m["async/staleness_max"] for m in steps] == [0.0, 1.0, 2.0]
