@@ -115,7 +115,6 @@ class RolloutWorker:
         self.run_dir = run.run_dir
         self.heartbeat_s = cfg.trainer.heartbeat_timeout_s
         self.sent = {name: policy.version for name, policy in run.policies.items()}
-        self.version = version
         ctx = multiprocessing.get_context("spawn")
         self.weights: Any = ctx.Queue()
         self.rows: Any = ctx.Queue(maxsize=max(cfg.trainer.max_staleness, 1))
@@ -138,7 +137,6 @@ class RolloutWorker:
                    if policy.version != self.sent.get(name)}
         self.sent = {name: policy.version for name, policy in policies.items()}
         self.weights.put((version, serialize(changed) if changed else b""))
-        self.version = version
 
     def receive(self, step: int) -> Played:
         """Step ``step``'s rows, waiting for them as long as the worker is alive and reports."""
@@ -197,7 +195,8 @@ def worker_main(spec: WorkerSpec, weights: Any, rows: Any, beat: Any) -> None:
         loading.clear()
         worker.loop(loading)
     except BaseException as exc:  # the learner reports it (and stops the run)
-        rows.put(("error", f"{type(exc).__name__}: {exc}"))
+        loading.set()  # alive while the error waits for room in the queue
+        hand_over(rows, beat, spec.parent, ("error", f"{type(exc).__name__}: {exc}"))
         rows.close()
         rows.join_thread()
 
@@ -240,7 +239,7 @@ class _Worker:
                 loading.set()
                 self.load_next()
                 loading.clear()
-            self.put(self.play(step))
+            self.put(("rows", self.play(step)))
 
     def load_next(self) -> None:
         """Wait for the learner's next weights version and load it."""
@@ -282,21 +281,30 @@ class _Worker:
             sample.policy_version = self.version
         return Played(step, self.version, renumbered(world, result), time.perf_counter() - t0)
 
-    def put(self, played: Played) -> None:
-        """Hand the step's rows to the learner, waiting while the queue is full (``max_staleness`` steps)."""
-        while True:
-            self.beat.value = time.time()
-            try:
-                self.rows.put(("rows", played), timeout=POLL_S)
-                return
-            except queue.Full:
-                self.alive_or_exit()
+    def put(self, message: tuple[str, Any]) -> None:
+        hand_over(self.rows, self.beat, self.spec.parent, message)
 
     def alive_or_exit(self) -> None:
-        """Report alive; leave if the learner is gone (its process no longer this one's parent)."""
-        self.beat.value = time.time()
-        if os.getppid() != self.spec.parent:
-            os._exit(0)
+        alive_or_exit(self.beat, self.spec.parent)
+
+
+def hand_over(rows: Any, beat: Any, parent: int, message: tuple[str, Any]) -> None:
+    """Hand a step's rows (or an error) to the learner, waiting while the queue is full (``max_staleness`` steps)
+    and the learner is there."""
+    while True:
+        beat.value = time.time()
+        try:
+            rows.put(message, timeout=POLL_S)
+            return
+        except queue.Full:
+            alive_or_exit(beat, parent)
+
+
+def alive_or_exit(beat: Any, parent: int) -> None:
+    """Report alive; leave if the learner is gone (process ``parent`` no longer this one's parent)."""
+    beat.value = time.time()
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 @contextlib.contextmanager

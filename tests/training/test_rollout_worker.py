@@ -247,3 +247,19 @@ def test_every_kind_of_run_trains_with_a_rollout_worker(tmp_path, overrides):
                  run)["status"] == "completed"
     steps = [m for m in _metrics(run) if "train/reward" in m]
     assert [m["async/staleness_max"] for m in steps] == [0.0, 1.0, 2.0]
+
+
+def test_a_worker_left_without_weights_stops_the_run_with_its_reason(tmp_path, monkeypatch):
+    update = policy_trainer.PolicyTrainer.update
+
+    def slow_update(self, *args, **kwargs):
+        time.sleep(3.0)  # the worker plays step 2, then waits for update 1 (step 3's) longer than its limit
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(policy_trainer.PolicyTrainer, "update", slow_update)
+    cfg = train_config(*FAST, "threads=1", "trainer.steps=3", "trainer.max_staleness=1",
+                       "trainer.weight_sync_timeout_s=0.5")
+    with pytest.raises(RunError, match=r"the rollout worker failed while playing step 3: TimeoutError: waited 1 s "
+                                       r"for the learner's weights after version 0 "
+                                       r"\(trainer.weight_sync_timeout_s=0.5\)"):
+        train(cfg, tmp_path / "run")
