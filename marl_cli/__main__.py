@@ -1,7 +1,5 @@
-"""``python -m marl_cli`` is the ``marl`` command (a rollout worker the run spawns imports this module again, as
-``__mp_main__``, without running it)."""
+"""``python -m marl_cli`` is the ``marl`` command."""
 
 from marl_cli.cli.main import main
 
-if __name__ == "__main__":
-    main()
+main()
