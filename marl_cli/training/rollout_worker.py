@@ -191,9 +191,9 @@ def worker_main(spec: WorkerSpec, weights: Any, rows: Any, beat: Any) -> None:
     threading.Thread(target=_beat_while, args=(loading, beat), daemon=True).start()
     try:
         loading.set()
-        worker = _Worker(spec, weights, rows, beat)
+        worker = _Worker(spec, weights, rows, beat, loading)
         loading.clear()
-        worker.loop(loading)
+        worker.loop()
     except BaseException as exc:  # the learner reports it (and stops the run)
         loading.set()  # alive while the error waits for room in the queue
         hand_over(rows, beat, spec.parent, ("error", f"{type(exc).__name__}: {exc}"))
@@ -212,7 +212,7 @@ def _beat_while(loading: threading.Event, beat: Any) -> None:
 class _Worker:
     """The worker process's state: its own rollout of the run (team, policies, backend) and where it is."""
 
-    def __init__(self, spec: WorkerSpec, weights: Any, rows: Any, beat: Any):
+    def __init__(self, spec: WorkerSpec, weights: Any, rows: Any, beat: Any, busy: threading.Event):
         import torch
         from omegaconf import OmegaConf
 
@@ -220,7 +220,7 @@ class _Worker:
         from marl_cli.config.team import Schedule
         from marl_cli.training.build import build_rollout, build_team
 
-        self.spec, self.weights, self.rows, self.beat = spec, weights, rows, beat
+        self.spec, self.weights, self.rows, self.beat, self.busy = spec, weights, rows, beat, busy
         self.cfg = cfg = OmegaConf.create(spec.cfg)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -232,14 +232,22 @@ class _Worker:
         self.schedule = Schedule.of(cfg, spec.role_map)
         self.version = spec.version
 
-    def loop(self, loading: threading.Event) -> None:
+    def loop(self) -> None:
         k = self.cfg.trainer.max_staleness
         for step in range(self.spec.first_step, self.cfg.trainer.steps + 1):
             while self.version < policy_version(step, k):
-                loading.set()
-                self.load_next()
-                loading.clear()
+                with self.loading():
+                    self.load_next()
             self.put(("rows", self.play(step)))
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Report alive while the worker loads something no generate call marks (weights, a backend's engines)."""
+        self.busy.set()
+        try:
+            yield
+        finally:
+            self.busy.clear()
 
     def load_next(self) -> None:
         """Wait for the learner's next weights version and load it."""
@@ -274,7 +282,8 @@ class _Worker:
         seed = step_seed(cfg.seed, step, spec.rank)
         torch.manual_seed(seed)
         world = World(spec.rank, spec.size)
-        rollout.start_generator()
+        with self.loading():
+            rollout.start_generator()  # vLLM: the engines start (or wake) here
         result = rollout.play(world.share(step_tasks(rollout.workflow, step, cfg.rollout.tasks_per_step)),
                               cfg.algorithm.num_generations, random.Random(seed))
         for sample in result.samples:
