@@ -106,9 +106,16 @@ def test_the_worker_plays_a_step_as_this_process_would_from_the_version_it_is_du
     worker = RolloutWorker(run, 0, 1)
     try:
         def here(step: int):
+            """The step played in this process, on the worker's one thread (float sums depend on the split)."""
             torch.manual_seed(step_seed(cfg.seed, step, 0))
             tasks = step_tasks(run.workflow, step, cfg.rollout.tasks_per_step)
-            return run.rollout.play(tasks, cfg.algorithm.num_generations, random.Random(step_seed(cfg.seed, step, 0)))
+            threads = torch.get_num_threads()
+            torch.set_num_threads(cfg.threads)
+            try:
+                return run.rollout.play(tasks, cfg.algorithm.num_generations,
+                                        random.Random(step_seed(cfg.seed, step, 0)))
+            finally:
+                torch.set_num_threads(threads)
 
         def same(played, mine) -> None:
             assert [(s.task, s.branch, s.completion_ids, s.sampling_logprobs) for s in played.result.samples] == \
