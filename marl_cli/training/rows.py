@@ -11,7 +11,6 @@ store). ``row_source`` picks the source of a run.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from typing import Any
@@ -24,8 +23,6 @@ from marl_cli.training.build import Run
 from marl_cli.training.decoupled import Exchange
 from marl_cli.training.distributed import gathered
 from marl_cli.training.rollout_worker import Played, RolloutWorker, step_tasks
-
-log = logging.getLogger(__name__)
 
 Rows = tuple[list[Sample], dict[int, list[int]] | None, dict[str, float]]
 
