@@ -226,11 +226,11 @@ class _Worker:
             torch.set_num_threads(cfg.threads)
         if cfg.trainer.deterministic:
             determinism.apply(cfg.threads)
+        self.version = spec.version
         _, policies = self.next_weights()
         self.rollout = build_rollout(cfg, build_team(cfg), deserialize(policies), dict(spec.routing))
         self.rollout.generator = _Beating(self.rollout.generator, beat)
         self.schedule = Schedule.of(cfg, spec.role_map)
-        self.version = spec.version
 
     def loop(self) -> None:
         k = self.cfg.trainer.max_staleness
@@ -258,7 +258,7 @@ class _Worker:
 
     def next_weights(self) -> tuple[int, bytes]:
         """The next message on the weights queue: (version, serialized weights), waiting for it."""
-        waited, limit = 0.0, self.spec.cfg["trainer"]["weight_sync_timeout_s"]
+        waited, limit = 0.0, self.cfg.trainer.weight_sync_timeout_s
         while True:
             try:
                 return self.weights.get(timeout=POLL_S)
@@ -267,7 +267,7 @@ class _Worker:
                 self.alive_or_exit()
                 if waited > limit:
                     raise TimeoutError(f"waited {waited:.0f} s for the learner's weights after version "
-                                       f"{self.spec.version} (trainer.weight_sync_timeout_s={limit:g})") from None
+                                       f"{self.version} (trainer.weight_sync_timeout_s={limit:g})") from None
 
     def play(self, step: int) -> Played:
         """This rank's share of step ``step``'s tasks, from its own seed."""
