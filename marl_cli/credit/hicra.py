@@ -57,10 +57,11 @@ def spans_to_tokens(pieces: list[str], spans: list[tuple[int, int]]) -> list[boo
 
 @detector("phrases")
 def phrase_spans(pieces: list[str], credit: Any, cfg: Any) -> list[bool]:
-    """Tokens overlapping an occurrence of one of ``credit.phrases`` (case-insensitive)."""
-    text = "".join(pieces).lower()
-    spans = [(m.start(), m.end()) for phrase in credit.phrases if phrase
-             for m in re.finditer(re.escape(phrase.lower()), text)]
+    """Tokens overlapping an occurrence of one of ``credit.phrases`` (case-insensitive), every occurrence counted,
+    overlapping ones too (``step by step by step`` holds ``step by step`` twice): a lookahead match consumes no text."""
+    text = "".join(pieces)
+    spans = [m.span(1) for phrase in credit.phrases if phrase
+             for m in re.finditer(f"(?=({re.escape(phrase)}))", text, re.IGNORECASE)]
     return spans_to_tokens(pieces, spans)
 
 

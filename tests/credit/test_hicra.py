@@ -46,6 +46,19 @@ def test_the_phrase_detector_marks_the_tokens_of_each_phrase(tokenizer):
     assert marked.replace(" ", "").lower() == "letmecheck"
 
 
+@pytest.mark.parametrize(("text", "phrases", "marked"), [
+    ("step by step by step!", ["step by step"], "step by step by step"),  # the second occurrence starts in the first
+    ("abababa", ["aba"], "abababa"),  # three occurrences at 0, 2 and 4, each overlapping the next
+    ("xaaay", ["aa"], "aaa"),
+    ("Step BY step", ["step by step"], "Step BY step"),  # case-insensitive, the text's own case kept
+])
+def test_the_phrase_detector_marks_every_occurrence_overlapping_ones_too(phrases, text, marked):
+    pieces = list(text)  # one token per character: the marks are exactly the occurrences' union
+    credit = OmegaConf.structured(HicraConfig(name="hicra", phrases=phrases))
+    marks = DETECTORS["phrases"](pieces, credit, None)
+    assert "".join(p for p, m in zip(pieces, marks, strict=True) if m) == marked
+
+
 def test_the_before_answer_detector_marks_what_precedes_the_last_marker(tokenizer):
     cfg = SimpleNamespace(workflow=SimpleNamespace(answer_marker="####"))
     pieces = _pieces(tokenizer, "go right then down #### R D")
