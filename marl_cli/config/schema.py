@@ -77,7 +77,7 @@ class PlanPathConfig(EnvConfig):
     step_reward: float = bounded(-0.01, le=0.0)  # per move made; > 0 would pay for padding a plan
     invalid_reward: float = bounded(-0.1, le=0.0)  # a move into a wall or off the grid (the agent stays)
     goal_reward: float = 1.0  # the moves reach the goal
-    optimal_bonus: float = 0.5  # added to goal_reward for a shortest path
+    optimal_bonus: float = bounded(0.5, ge=0.0)  # added to goal_reward for a shortest path; < 0 would pay for padding
     failure_reward: float = -1.0  # the moves end elsewhere than the goal
     format_penalty: float = -2.0  # an answer with no parsable move list
     stop_at_goal: bool = True  # True (paper): moves after reaching the goal are ignored; False: the plan must end there
@@ -109,7 +109,7 @@ class SokobanConfig(EnvConfig):
     step_reward: float = bounded(-0.01, le=0.0)  # each move that is carried out; > 0 would pay for padding
     invalid_reward: float = bounded(-0.05, le=0.0)  # a move into a wall, or a push into a wall or box (player stays)
     box_on_goal_reward: float = bounded(1.0, ge=0.0)  # a box pushed onto a goal
-    box_off_goal_reward: float = -1.0  # a box pushed off a goal; at most −box_on_goal_reward, so no cycle earns
+    box_off_goal_reward: float = bounded(-1.0, le=0.0)  # a box off a goal; at most −box_on_goal_reward: no cycle earns
     win_reward: float = 10.0  # every box on a goal (ends the episode; later moves are ignored)
     failure_reward: float = -5.0  # the episode's last action or move leaves the puzzle unsolved
     format_penalty: float = -6.0  # an answer with no parsable move list (below the failure reward)

@@ -157,25 +157,29 @@ class SokobanState:
     success: bool = False
 
 
-@ENVS.register("sokoban", schema=SokobanConfig)
+def check_settings(env: SokobanConfig) -> None:
+    """The rules across ``env``'s keys: checked with the whole config before anything is built, and again by
+    the env itself (built from a config no check has seen: tests, scripts)."""
+    if not 5 <= env.size <= 10:
+        raise ConfigError(f"env.size must be in [5, 10], got {env.size}")
+    if env.boxes not in (1, 2):
+        raise ConfigError(f"env.boxes must be 1 or 2, got {env.boxes}")
+    max_walls = (env.size - 2) ** 2 // 4
+    if not 0 <= env.walls <= max_walls:
+        raise ConfigError(f"env.walls must be in [0, {max_walls}] for size {env.size}, got {env.walls}")
+    if env.box_off_goal_reward > -env.box_on_goal_reward:
+        raise ConfigError(f"env.box_off_goal_reward={env.box_off_goal_reward} must be at most "
+                          f"-env.box_on_goal_reward={-env.box_on_goal_reward}: otherwise pushing a box off a goal "
+                          "and back on earns reward, and padding beats the shortest solution")
+
+
+@ENVS.register("sokoban", schema=SokobanConfig, check=lambda cfg: check_settings(cfg.env))
 class SokobanEnv(Env):
     """Sokoban with maps made by reverse play and a BFS oracle."""
 
     def __init__(self, cfg: SokobanConfig, seed: int = 0, sandbox: object = None):
         super().__init__(cfg, seed, sandbox)
-        if not 5 <= cfg.size <= 10:
-            raise ConfigError(f"env.size must be in [5, 10], got {cfg.size}")
-        if cfg.boxes not in (1, 2):
-            raise ConfigError(f"env.boxes must be 1 or 2, got {cfg.boxes}")
-        max_walls = (cfg.size - 2) ** 2 // 4
-        if not 0 <= cfg.walls <= max_walls:
-            raise ConfigError(f"env.walls must be in [0, {max_walls}] for size {cfg.size}, got {cfg.walls}")
-        if cfg.max_moves < 1:
-            raise ConfigError(f"env.max_moves must be at least 1, got {cfg.max_moves}")
-        if cfg.box_off_goal_reward > -cfg.box_on_goal_reward:
-            raise ConfigError(f"env.box_off_goal_reward={cfg.box_off_goal_reward} must be at most "
-                              f"-env.box_on_goal_reward={-cfg.box_on_goal_reward}: otherwise pushing a box off a goal "
-                              "and back on earns reward, and padding beats the shortest solution")
+        check_settings(cfg)
 
     def rules(self) -> str:
         return "Push every box X onto a goal O. @ is you, # a wall, * a box on a goal. Moves: U D L R."
