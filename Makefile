@@ -1,4 +1,6 @@
-# marl: `make install` once, then `make train` (the embedded default run) and `make test`.
+# marl: `make train` (the embedded default run) and `make test` on a fresh clone: each first brings what it needs,
+# the Debian packages (scripts/system-packages: as root it installs them, otherwise one line names the command)
+# and the Python environment (.venv, `make install`).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -6,9 +8,12 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
 VLLM_VENV ?= .venv-vllm
+
+TRAIN_PACKAGES := bwrap:bubblewrap
+TEST_PACKAGES := $(TRAIN_PACKAGES) redis-server:redis-server zsh:zsh
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install install-vllm train test test-all test-vllm lint bench bench-vllm bad-input gpu-check reference docs wheel wheel-check clean
+.PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-vllm bad-input gpu-check reference docs wheel wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,13 +36,20 @@ $(VLLM_STAMP): pyproject.toml
 
 install-vllm: $(VLLM_STAMP)
 
-train: $(STAMP)
+# The system packages come first: a missing one stops the target before the venv is built.
+system-train:
+	@MARL_MAKE_TARGET="make train" bash scripts/system-packages $(TRAIN_PACKAGES)
+
+system-test:
+	@MARL_MAKE_TARGET="make test" bash scripts/system-packages $(TEST_PACKAGES)
+
+train: system-train $(STAMP)
 	$(BIN)/marl train experiment=embedded $(ARGS)
 
-test: $(STAMP)
+test: system-test $(STAMP)
 	$(BIN)/pytest -q
 
-test-all: $(STAMP)
+test-all: system-test $(STAMP)
 	$(BIN)/pytest -q -m "slow or not slow"
 
 test-vllm: $(VLLM_STAMP)
