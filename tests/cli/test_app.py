@@ -8,6 +8,7 @@ from omegaconf import open_dict
 from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
 from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_app, run_job, split_args
+from marl_cli.cli.first_run import Recipe
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs
 from marl_cli.provenance import version
@@ -74,9 +75,11 @@ def test_version_and_env_name_what_runs():
 def test_marl_train_starts_from_the_first_run_with_or_without_overrides(monkeypatch):
     started = []
     monkeypatch.setattr(train_cli, "run_app", lambda command, name, app, args, hint=None: started.append(args))
-    for args in ([], ["seed=1"], ["--cfg", "job"], ["-m", "seed=1,2"], ["env=sudoku"]):
+    for args in ([], ["seed=1"], ["--cfg", "job"], ["-m", "seed=1,2"], ["-m", "env=sudoku,math"]):
         train_cli.run(args)
         assert started[-1] == ["experiment=embedded", *args]
+    train_cli.run(["env=sudoku"])  # another task family: its recipe (tests/cli/test_first_run.py)
+    assert started[-1] == ["experiment=toy/table/sudoku_grpo", "env=sudoku"]
     train_cli.run(["experiment=toy/plan_path_grpo", "seed=1"])
     assert started[-1] == ["experiment=toy/plan_path_grpo", "seed=1"]
     train_cli.run(["experiment=null", "seed=1"])  # the opt-out: run_app makes it Hydra's `~experiment`
@@ -105,13 +108,17 @@ def test_cfg_job_shows_what_marl_train_runs():
     assert evaluated.returncode == 0 and "name: default" in evaluated.stdout
 
 
-def test_a_group_the_default_experiment_does_not_fit_says_how_to_opt_out():
-    out = cli("train", "env=math")
+def test_a_config_error_the_starting_recipe_causes_says_how_to_opt_out(monkeypatch):
+    # a recipe for sudoku that pins Plan-Path keys (the embedded run): the bare group defaults would check
+    recipes = (Recipe("embedded", "plan_path"), Recipe("embedded", "sudoku"))
+    monkeypatch.setattr("marl_cli.cli.first_run.RECIPES", recipes)
+    out = cli("train", "env=sudoku")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert out.stderr.startswith("marl train: error: env.size: no such key")
-    assert out.stderr.rstrip().endswith("add experiment=null to start from the bare group defaults)")
-    typo = cli("train", "env=math", "trainer.steps=x")  # fails without the default too: no hint
-    assert typo.returncode == 2 and "experiment=null" not in typo.stderr
+    assert out.stderr.startswith("marl train: error: env.block_prob: no such key")
+    assert out.stderr.rstrip().endswith("(marl train started from experiment=embedded; add experiment=null to start "
+                                        "from the bare group defaults)")
+    typo = cli("train", "env=sudoku", "trainer.steps=x")  # fails without the recipe too: no hint
+    assert typo.returncode == 2 and "add experiment=null" not in typo.stderr
 
 
 def test_a_resume_continues_in_its_run_dir(monkeypatch):

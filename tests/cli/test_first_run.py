@@ -1,0 +1,69 @@
+"""Where ``marl train`` / ``marl eval`` start (``cli.first_run``): the embedded run, or the recipe of the task family or
+method the command line switches to; each recipe picks the group options it is declared with."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from marl_cli.cli.first_run import GROUPS, RECIPES, Recipe, recipe_for, with_default
+from marl_cli.config.paths import config_dir
+from marl_cli.envs.base import ENVS
+from marl_cli.plugins import register_configs
+
+register_configs()
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r.experiment)
+def test_each_recipe_picks_the_options_it_is_declared_with(recipe: Recipe):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={recipe.experiment}"], return_hydra_config=True)
+    assert {g: cfg.hydra.runtime.choices[g] for g in GROUPS} == {g: getattr(recipe, g) for g in GROUPS}
+
+
+def test_every_task_family_has_a_recipe_and_starts_with_its_single_agent_one():
+    assert sorted({r.env for r in RECIPES}) == sorted(ENVS.names())
+    for env in ENVS.names():
+        first = next(r for r in RECIPES if r.env == env)
+        assert first.workflow in ("single_agent", "solo_research") and first.policy == "shared"
+
+
+@pytest.mark.parametrize(("args", "experiment"), [
+    ([], "embedded"),
+    (["seed=3", "trainer.steps=2"], "embedded"),
+    (["env=plan_path", "credit=hicra"], "embedded"),  # the embedded run fits these: it stays
+    (["workflow=tool_plan", "algorithm=at_grpo", "policy=per_role"], "embedded"),
+    (["env=sudoku", "trainer.steps=2"], "toy/table/sudoku_grpo"),  # a family switch: the family's recipe
+    (["env=math"], "toy/table/math_grpo"),
+    (["env=code"], "toy/table/code_grpo"),
+    (["env=sokoban"], "toy/table/sokoban_grpo"),
+    (["env=research"], "toy/research_single"),
+    (["env=math", "workflow=tool_reason", "policy=per_role"], "toy/table/math_at_grpo_per_role"),
+    (["env=sudoku", "workflow=tool_plan", "algorithm=at_grpo", "policy=shared"], "toy/table/sudoku_at_grpo_shared"),
+    (["algorithm=ppo"], "toy/values/plan_path_ppo"),  # a method the embedded run does not fit: its recipe
+    (["algorithm=archer"], "toy/values/plan_path_archer"),
+    (["workflow=deep_research"], "toy/research_mgrpo"),
+    (["algorithm=m_grpo"], "embedded"),  # one agent: M-GRPO is GRPO at the trajectory level, the embedded run fits
+])
+def test_the_recipe_a_command_line_starts_from(args, experiment):
+    assert recipe_for("train", args).experiment == experiment
+
+
+def test_the_switch_is_said_in_one_line_and_an_explicit_experiment_wins(capsys):
+    assert with_default("train", ["env=sudoku"])[0] == ["experiment=toy/table/sudoku_grpo", "env=sudoku"]
+    assert capsys.readouterr().err == ("marl train: env=sudoku: starting from experiment=toy/table/sudoku_grpo, its "
+                                       "recipe (name an experiment= to start from another, experiment=null for the "
+                                       "bare group defaults)\n")
+    assert with_default("train", ["seed=1"])[0] == ["experiment=embedded", "seed=1"]
+    for args in (["experiment=toy/table/math_grpo", "env=sudoku"], ["experiment=null", "env=math"],
+                 ["trainer.resume=/runs/a", "env=math"]):
+        assert with_default("train", args) == (args, None)
+    assert capsys.readouterr().err == ""
+
+
+def test_an_env_without_a_recipe_starts_from_the_bare_group_defaults(monkeypatch, capsys):
+    monkeypatch.setattr("marl_cli.cli.first_run.RECIPES", RECIPES[:1])
+    assert recipe_for("train", ["env=sudoku"]) is None
+    assert with_default("train", ["env=sudoku"])[0] == ["~experiment", "env=sudoku"]
+    assert capsys.readouterr().err == ("marl train: env=sudoku has no recipe; starting from the bare group defaults "
+                                       "(experiment=null)\n")
