@@ -87,8 +87,9 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
     cache = given[name] if replayable else prefix.get(name)  # the output names it as the forward does
     if cache is None or cache.get_seq_length() != width - 1:
         return None
-    if replayable:
-        rows = [_PrefixLayer(layer.keys[row_prompt], layer.values[row_prompt]) for layer in cache.layers]
+    if replayable:  # index_select: its backward adds each row's gradient in row order (indexing's adds atomically)
+        rows = [_PrefixLayer(layer.keys.index_select(0, row_prompt), layer.values.index_select(0, row_prompt))
+                for layer in cache.layers]
         cache = DynamicCache(config=model.config)
         cache.layers = rows
     else:

@@ -14,10 +14,8 @@ from tests.helpers import FAST, cli, train_config
 
 CASES = {
     "ppo": ["algorithm=ppo", "critic=token"],
-    # one agent: with tool_plan's two roles, two fresh runs on two CPU threads already differ in the policy's
-    # optimiser state after step 1 (the critics' states stay equal); the acting order of two agents is
-    # tests/algorithms/test_value_algorithms.py's
-    "marft": ["workflow.max_turns=2", "algorithm=marft", "critic=utterance", "critic.scope=team"],
+    "marft": ["workflow=tool_plan", "workflow.max_turns=2", "algorithm=marft", "critic=utterance",
+              "critic.scope=team"],
     "archer": ["workflow.max_turns=2", "algorithm=archer", "critic=utterance", "critic.replay_batch_size=8",
                "critic.updates_per_step=2"],
     "ppo_shared_trunk": ["algorithm=ppo", "critic=token", "critic.share_trunk=true"],

@@ -100,3 +100,29 @@ def test_two_marl_train_runs_in_the_mode_give_the_same_bits(tmp_path):
     assert _metrics(runs[0]) == _metrics(runs[1])
     first, second = (_weights(run) for run in runs)
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_two_team_runs_on_two_threads_give_the_same_bits_without_the_mode(tmp_path):
+    """A ``tool_plan`` team sharing one model (long prompts: its shared prompt pass has a gradient torch would add
+    atomically across threads; the two roles' rows interleave in the batch) with MARFT's team critic, on two threads
+    outside the mode: two runs give the same metrics, weights and optimiser states."""
+    from marl_cli.training.checkpoint import load_state
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = [tmp_path / "a", tmp_path / "b"]
+        for run in runs:
+            cfg = train_config(*FAST, "workflow=tool_plan", "workflow.max_turns=2", "algorithm=marft", "critic=utterance",
+                               "critic.scope=team", "trainer.steps=2", "trainer.save_every=2",
+                               "trainer.eval_every=0", "rollout.temperature=1.5")
+            assert train(cfg, run)["status"] == "completed"
+    finally:
+        torch.set_num_threads(threads)
+    assert _metrics(runs[0]) == _metrics(runs[1])
+    first, second = (load_state(run / "checkpoints" / "step_000002") for run in runs)
+    a, b = (_weights(run) for run in runs)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for key, state in first["trainers"]["shared"]["optimizer"]["state"].items():
+        other = second["trainers"]["shared"]["optimizer"]["state"][key]
+        assert all(torch.equal(state[k], other[k]) for k in state if torch.is_tensor(state[k]))
