@@ -167,6 +167,8 @@ def check_settings(env: SokobanConfig) -> None:
     max_walls = (env.size - 2) ** 2 // 4
     if not 0 <= env.walls <= max_walls:
         raise ConfigError(f"env.walls must be in [0, {max_walls}] for size {env.size}, got {env.walls}")
+    if env.max_moves < 1:
+        raise ConfigError(f"env.max_moves must be at least 1, got {env.max_moves}")
     if env.box_off_goal_reward > -env.box_on_goal_reward:
         raise ConfigError(f"env.box_off_goal_reward={env.box_off_goal_reward} must be at most "
                           f"-env.box_on_goal_reward={-env.box_on_goal_reward}: otherwise pushing a box off a goal "
