@@ -1,24 +1,16 @@
 """Where ``marl train`` / ``marl eval`` start (``cli.first_run``): the embedded run, or the recipe of the task family or
-method the command line switches to; each recipe picks the group options it is declared with."""
+method the command line switches to (that each recipe picks the options it is declared with: ``tests/config/
+test_compose.py``, which composes every experiment)."""
 
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from marl_cli.cli.first_run import GROUPS, RECIPES, Recipe, recipe_for, with_default
-from marl_cli.config.paths import config_dir
+from marl_cli.cli.first_run import RECIPES, recipe_for, with_default
 from marl_cli.envs.base import ENVS
 from marl_cli.plugins import register_configs
 
 register_configs()
-
-
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r.experiment)
-def test_each_recipe_picks_the_options_it_is_declared_with(recipe: Recipe):
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"experiment={recipe.experiment}"], return_hydra_config=True)
-    assert {g: cfg.hydra.runtime.choices[g] for g in GROUPS} == {g: getattr(recipe, g) for g in GROUPS}
 
 
 def test_every_task_family_has_a_recipe_and_starts_with_its_single_agent_one():

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
+from marl_cli.cli.first_run import GROUPS as RECIPE_GROUPS
+from marl_cli.cli.first_run import RECIPES
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.schema import ISCorrection, LossType, SchedulerType
@@ -61,10 +63,22 @@ def test_every_group_option_composes(group, option):
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes(experiment):
-    cfg = _compose([f"experiment={experiment}"])
+    """... and a recipe (``cli.first_run.RECIPES``) picks the group options it is declared with."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    choices = cfg.hydra.runtime.choices
+    recipe = next((r for r in RECIPES if r.experiment == experiment), None)
+    if recipe is not None:
+        assert {g: choices[g] for g in RECIPE_GROUPS} == {g: getattr(recipe, g) for g in RECIPE_GROUPS}
+    with open_dict(cfg):
+        del cfg["hydra"]
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     check_config(cfg)
     assert cfg.name != "default"
+
+
+def test_every_recipe_is_an_experiment():
+    assert {r.experiment for r in RECIPES} <= set(EXPERIMENTS)
 
 
 def test_config_dir_is_the_checkout_conf():

@@ -113,8 +113,8 @@ def test_two_team_runs_on_two_threads_give_the_same_bits_without_the_mode(tmp_pa
     try:
         runs = [tmp_path / "a", tmp_path / "b"]
         for run in runs:
-            cfg = train_config(*FAST, "workflow=tool_plan", "workflow.max_turns=2", "algorithm=marft", "critic=utterance",
-                               "critic.scope=team", "trainer.steps=2", "trainer.save_every=2",
+            cfg = train_config(*FAST, "workflow=tool_plan", "workflow.max_turns=2", "algorithm=marft",
+                               "critic=utterance", "critic.scope=team", "trainer.steps=2", "trainer.save_every=2",
                                "trainer.eval_every=0", "rollout.temperature=1.5")
             assert train(cfg, run)["status"] == "completed"
     finally:
