@@ -146,10 +146,22 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
     overrides, flags = split_args(args)  # overrides first: Hydra's parser drops those that follow a flag's value
     sys.argv = [f"marl-{command}", *overrides, *flags]
     FAILED_JOBS.clear()
-    hydra_main()
+    try:
+        hydra_main()
+    finally:
+        leave_process_group()
     if FAILED_JOBS:
         fail(command, f"{len(FAILED_JOBS)} job(s) of the sweep failed (the others ran): "
              + "; ".join(f"{d}: {e}" for d, e in FAILED_JOBS))
+
+
+def leave_process_group() -> None:
+    """Leave the launcher's process group (``torchrun``), if this process joined one, before the interpreter exits:
+    a group left to the interpreter's teardown has its gloo threads destroyed in no set order, which can end a rank
+    in ``terminate called without an active exception`` after its work is done."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg: DictConfig) -> float | None:
