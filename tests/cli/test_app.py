@@ -145,3 +145,14 @@ def test_a_job_prints_its_run_dir_first_on_rank_0_only(tmp_path, monkeypatch, ca
     assert run_job("train", lambda cfg, run_dir: {"eval/success": 0.5}, cfg) == 0.5
     out = capsys.readouterr().out.splitlines()
     assert out == ([f"run dir: {tmp_path / 'run'}"] if printed else [])
+
+
+def test_a_launched_process_leaves_its_process_group_when_marl_returns(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from marl_cli.cli import app
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    monkeypatch.setattr(app, "check_overrides", lambda *a, **k: None)
+    run_app("train", "train", lambda: None, ["trainer.steps=1"])
+    assert not dist.is_initialized()
