@@ -119,6 +119,8 @@ def cases(work: Path) -> list[Case]:
                                                          "env=sudoku",
                                                          "env.holes=99,4", f"hydra.sweep.dir={work / 'sweep'}"],
              expect="1 job(s) of the sweep failed (the others ran)", check=other_job_ran),
+        Case("a new run in another run's dir", ["train", *SMALL, "trainer.steps=1", "seed=5", f"hydra.run.dir={run}"],
+             expect="holds another run"),
         Case("resume changing the env `env.size=5`", ["train", f"trainer.resume={run}", "env.size=5"],
              expect="the run was trained with other settings; changed: env.size (4 -> 5)"),
         Case("truncated newest checkpoint on resume", ["train", f"trainer.resume={run}", "trainer.steps=2",
