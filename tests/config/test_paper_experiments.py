@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs
-from tests.helpers import TINY
+from tests.helpers import TINY, torch_threads
 
 register_configs()
 CONF = config_dir()
@@ -288,12 +288,8 @@ def test_train_composes_the_eval_config_without_load(experiment):
 @pytest.fixture
 def one_thread():
     """Torch on one thread: the tiny model's dry runs are several times faster on a shared 2-core machine."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.mark.parametrize("experiment", _dry_run_params())

@@ -5,12 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from marl_cli.config.paths import config_dir
 from marl_cli.config.team import policy_model
 from marl_cli.training.loop import train
-from tests.helpers import TINY, train_config
+from tests.helpers import TINY, torch_threads, train_config
 
 EXPERIMENTS = sorted(str(p.relative_to(config_dir() / "experiment").with_suffix(""))
                      for p in (config_dir() / "experiment").rglob("*.yaml") if "hetero" in p.stem or "hetero" in
@@ -51,15 +50,11 @@ def test_the_at_grpo_cells_sample_per_role_as_the_paper(experiment, roles, train
     ("hetero/mgrpo_gaia", "cpu_embedded", "sub"), ("hetero/at_grpo_plan_path", "cpu", "tool")])
 def test_a_team_experiment_dry_runs_on_cpu_with_two_tiny_models(experiment, dry_run, small, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         cfg = train_config(f"experiment={experiment}", f"dry_run={dry_run}", *TINY, "progress=false",
                            f"policy.models.{small}.name_or_path=null", f"policy.models.{small}.dtype=float32",
                            f"+policy.models.{small}.tiny.num_hidden_layers=2")
         summary = train(cfg, tmp_path)
-    finally:
-        torch.set_num_threads(threads)
     assert summary["status"] == "completed" and summary["steps"] == 1
     layers = {name: json.loads((Path(tmp_path) / "checkpoints" / "step_000001" / "policies" / name /
                                 "config.json").read_text())["num_hidden_layers"] for name in summary["policies"]}

@@ -9,14 +9,13 @@ import torch
 from marl_cli.config.schema import TinyModelConfig
 from marl_cli.policies.tiny import build_tiny_model
 from marl_cli.rollout.prefix import keeping_cache, shared_prompt_cache
+from tests.helpers import torch_threads
 
 
 @pytest.fixture
 def two_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(2):
+        yield
 
 
 def test_the_shared_prompt_gradient_is_the_same_in_every_backward(two_threads):

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from marl_cli import determinism
 from marl_cli.training.loop import train
-from tests.helpers import FAST, SMALL, marl, train_config
+from tests.helpers import FAST, SMALL, marl, torch_threads, train_config
 
 RUN = [*FAST, *SMALL, "trainer.steps=4", "trainer.mini_batch_size=2", "trainer.eval_every=2",
        "trainer.deterministic=true",
@@ -108,17 +108,13 @@ def test_two_team_runs_on_two_threads_give_the_same_bits_without_the_mode(tmp_pa
     outside the mode: two runs give the same metrics, weights and optimiser states."""
     from marl_cli.training.checkpoint import load_state
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        runs = [tmp_path / "a", tmp_path / "b"]
+    runs = [tmp_path / "a", tmp_path / "b"]
+    with torch_threads(2):
         for run in runs:
             cfg = train_config(*FAST, "workflow=tool_plan", "workflow.max_turns=2", "algorithm=marft",
                                "critic=utterance", "critic.scope=team", "trainer.steps=2", "trainer.save_every=2",
                                "trainer.eval_every=0", "rollout.temperature=1.5")
             assert train(cfg, run)["status"] == "completed"
-    finally:
-        torch.set_num_threads(threads)
     assert _metrics(runs[0]) == _metrics(runs[1])
     first, second = (load_state(run / "checkpoints" / "step_000002") for run in runs)
     a, b = (_weights(run) for run in runs)

@@ -22,7 +22,7 @@ from marl_cli.training.hooks import Hook
 from marl_cli.training.loop import Trainer, staleness_metrics, train
 from marl_cli.training.rollout_worker import RolloutWorker, policy_version, step_seed, step_tasks
 from marl_cli.training.rows import AsyncRows, RolloutRows, row_source
-from tests.helpers import FAST, SMALL, marl, train_config
+from tests.helpers import FAST, SMALL, marl, torch_threads, train_config
 
 WARM = ["trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=400", "trainer.warmstart.batch_size=16",
         "trainer.warmstart.epochs=3", "trainer.warmstart.learning_rate=3e-3"]
@@ -109,13 +109,9 @@ def test_the_worker_plays_a_step_as_this_process_would_from_the_version_it_is_du
             """The step played in this process, on the worker's one thread (float sums depend on the split)."""
             torch.manual_seed(step_seed(cfg.seed, step, 0))
             tasks = step_tasks(run.workflow, step, cfg.rollout.tasks_per_step)
-            threads = torch.get_num_threads()
-            torch.set_num_threads(cfg.threads)
-            try:
+            with torch_threads(cfg.threads):
                 return run.rollout.play(tasks, cfg.algorithm.num_generations,
                                         random.Random(step_seed(cfg.seed, step, 0)))
-            finally:
-                torch.set_num_threads(threads)
 
         def same(played, mine) -> None:
             assert [(s.task, s.branch, s.completion_ids, s.sampling_logprobs) for s in played.result.samples] == \
