@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
 VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 TRAIN_PACKAGES := bwrap:bubblewrap
 TEST_PACKAGES := $(TRAIN_PACKAGES) redis-server:redis-server zsh:zsh
-VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-vllm bad-input gpu-check reference docs wheel wheel-check clean
 

@@ -22,7 +22,7 @@ FIRST_RUN = "embedded"
 
 @dataclass(frozen=True)
 class Recipe:
-    """A runnable experiment and the group options it picks (``tests/cli/test_first_run.py`` composes each)."""
+    """A runnable experiment and the group options it picks (``tests/config/test_compose.py`` composes each)."""
 
     experiment: str
     env: str
@@ -74,7 +74,7 @@ def picks_in(args: list[str]) -> dict[str, str]:
     """The options the command line picks in :data:`GROUPS` (``env=sudoku``), sweeps (``env=math,code``) left out."""
     picks = {}
     for override in overrides_in(args):
-        key, _, value = override.partition("=")
+        key, value = key_of(override), override.partition("=")[2]
         if key in GROUPS and value and "," not in value and "(" not in value:
             picks[key] = value
     return picks

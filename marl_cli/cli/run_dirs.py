@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ SWEEP_OUTPUTS = ("multirun.yaml", "optimization_results.yaml")
 """What a sweep dir holds once its sweep has started."""
 
 
-def claim(key: str, config: DictConfig, refusal: Any) -> None:
+def claim(key: str, config: DictConfig, refusal: Callable[[Path], str]) -> None:
     """Make ``config``'s dir at ``key`` (``hydra.run.dir``) this run's: a fresh time-stamped dir (renamed with a
     suffix if another run made it first), or the fixed dir unless ``refusal(dir)`` names another run there."""
     if launched_rank() != 0:
