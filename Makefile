@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 TRAIN_PACKAGES := bwrap:bubblewrap
 TEST_PACKAGES := $(TRAIN_PACKAGES) redis-server:redis-server zsh:zsh
 
-.PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-vllm bad-input gpu-check reference docs wheel wheel-check clean
+.PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-vllm bad-input identity gpu-check reference docs wheel wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ bench-vllm: $(VLLM_STAMP)
 
 bad-input: $(STAMP)
 	$(BIN)/python bench/bad_input.py
+
+# Short deterministic runs of each kind of training, hashed (metrics and weights): compare two commits' reports
+# with `python bench/identity.py --compare OLD.json`.
+identity: $(STAMP)
+	$(BIN)/python bench/identity.py --out bench/identity.json
 
 # Every GPU path on this machine's CUDA devices, tiny models, one table (also gpu_check.json and gpu_check.md);
 # without CUDA one line, exit 0. ARGS: --only <check>, --out <file>, --timeout <s>, --device cpu (the stand-ins).
