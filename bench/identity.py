@@ -2,8 +2,9 @@
 
 Each run is ``marl train`` as a user starts it (``trainer.deterministic=true``, a fresh process, the tiny model,
 a few steps), into a temporary run dir. Its fingerprint is the SHA-256 of its metrics (every field of
-``metrics.jsonl`` but the wall-clock ones) and of its final checkpoint's weights (every ``*.safetensors`` file of
-every policy, in path order). Two commits whose reports agree train the same bits on this machine.
+``metrics.jsonl`` but the wall-clock ones: ``time/*`` and seconds, ``*_s``) and of its final checkpoint's weights
+(every ``*.safetensors`` file of every policy, in path order). Two commits whose reports agree train the same
+bits on this machine.
 
 Usage: ``make identity`` (``python bench/identity.py --out bench/identity.json``); ``--compare OLD.json`` exits 1
 naming every run whose fingerprint differs from ``OLD.json``'s; ``--only NAME`` runs one.
@@ -38,6 +39,7 @@ RUNS: dict[str, list[str]] = {
 """Each kind of training whose bits a refactor must keep: the embedded default run, a critic run of each
 value-based algorithm, asynchronous rollouts one step off, a team of two different models, and a loss term."""
 TIMING = ("time/",)
+"""Wall-clock metrics: under ``time/``, and any key in seconds (``_s``: ``async/wait_s``)."""
 
 
 def digest(paths: list[Path]) -> str:
@@ -50,7 +52,8 @@ def digest(paths: list[Path]) -> str:
 
 def fingerprint(run: Path) -> dict[str, str]:
     """The SHA-256 of the run's metrics (wall-clock fields left out) and of its final checkpoint's weights."""
-    metrics = [{k: v for k, v in json.loads(line).items() if not k.startswith(TIMING) and not k.endswith("/cached")}
+    metrics = [{k: v for k, v in json.loads(line).items()
+                if not k.startswith(TIMING) and not k.endswith(("_s", "/cached"))}
                for line in (run / "metrics.jsonl").read_text().splitlines()]
     final = sorted((run / "checkpoints").glob("step_*"))[-1]
     weights = sorted((final / "policies").rglob("*.safetensors"))
