@@ -19,15 +19,27 @@ import tempfile
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from marl_cli.config.paths import config_dir
+from marl_cli.plugins import register_configs
 from marl_cli.training.loop import train
-from tests.helpers import train_config
-from tests.training.test_interrupts import RUN  # the run the interrupt tests use
 
+RUN = ["~experiment", "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64", "model.tiny.num_hidden_layers=1",
+       "model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=1", "model.tiny.head_dim=16", "env.size=4",
+       "env.eval_size=6", "rollout.tasks_per_step=2", "rollout.max_new_tokens=12", "algorithm.num_generations=3",
+       "trainer.learning_rate=1e-3", "logger=none", "progress=false", "trainer.steps=3", "trainer.mini_batch_size=2",
+       "trainer.save_every=0", "trainer.eval_every=0"]
+"""3 RL steps of 3 mini-batches (6 rows, 2 per mini-batch) on the tiny model, nothing saved but on the way out."""
 OPTIMISER_STEPS = 9
+
+
+def train_config(*overrides: str) -> DictConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
 
 
 def metrics(run: Path) -> list[dict]:

@@ -42,7 +42,7 @@ from marl_cli.rollout.generation import HFGenerator, Sampling
 from marl_cli.store import SQLiteStore
 from marl_cli.training.build import build_run
 from marl_cli.training.evaluation import evaluate
-from marl_cli.training.policy_trainer import PolicyTrainer
+from marl_cli.training.learner.policy_trainer import PolicyTrainer
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -90,7 +90,7 @@ def measure(experiment: str, repeats: int) -> dict[str, object]:
 
         update_s, stats = timed(update, repeats)
         with mock.patch("marl_cli.rollout.generation.shared_prompt_cache", return_value=None), \
-                mock.patch("marl_cli.training.trl_adapter.shared_prompt_forward", return_value=None):
+                mock.patch("marl_cli.training.learner.trl_adapter.shared_prompt_forward", return_value=None):
             rollout_unshared_s, _ = timed(rollout, repeats)
             update_unshared_s, _ = timed(update, repeats)
         update_full_s, _ = timed(lambda: update(full_trainers), repeats)
@@ -262,7 +262,7 @@ def _one_rollout(cfg: Any, run: Any) -> tuple[float, list]:
 
 def _learn_timings(cfg: Any, run: Any, samples: list, workdir: Path, repeats: int) -> dict[str, float]:
     """The median seconds of each part of learning from ``samples`` under ``cfg`` (fresh critics and learners)."""
-    from marl_cli.training.critic_phase import CriticPhase
+    from marl_cli.critics.phase import CriticPhase
 
     critics = CriticPhase(cfg, run.world) if cfg.critic.name != "none" else None
     if critics is not None:

@@ -57,6 +57,32 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def install_plugin(monkeypatch, where: Path, module: str, source: str, yamls: dict[str, str],
+                   registries: list) -> str:
+    """A user's plug-in for one test: ``source`` as ``<where>/<module>.py`` named in MARL_PLUGINS and ``yamls`` under
+    ``<where>/conf`` (returned, for ``--config-dir``); ``registries`` and the import state are restored after."""
+    import textwrap
+
+    from marl_cli.config import registry
+    from marl_cli.config.registry import PLUGIN_ENV
+
+    for reg in registries:
+        for attribute in ("_entries", "schemas", "checks"):
+            monkeypatch.setattr(reg, attribute, dict(getattr(reg, attribute)))
+    monkeypatch.setattr(registry, "_loaded", set())
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    (where / f"{module}.py").write_text(textwrap.dedent(source))
+    conf = where / "conf"
+    for path, text in yamls.items():
+        (conf / path).parent.mkdir(parents=True, exist_ok=True)
+        (conf / path).write_text(text)
+    monkeypatch.setenv(PLUGIN_ENV, str(where / f"{module}.py"))
+    register_configs()
+    return str(conf)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

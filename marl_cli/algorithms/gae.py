@@ -4,7 +4,7 @@ themselves, and PPO's advantage whitening.
 
     δ_t = r_t + d_t·V(s_{t+1}) − V(s_t)       A_t = δ_t + d_t·λ·A_{t+1}       returns = A + V
 
-with d_t = γ (``gae``; ``sequence_gae`` unless given ``discounts``). After a chain's last step A_{t+1} = 0 and
+with d_t = γ on every link. After a chain's last step A_{t+1} = 0 and
 V(s_{t+1}) is 0 (terminal) or the value of the state the episode was cut at (truncated: the bootstrap value).
 
 MARFT (jwliao-ai/MARFT, ``ActionBuffer.compute_gae_and_returns`` in marft/buffers/action_level_buffer.py; the
@@ -13,8 +13,7 @@ agent 0 of the next turn. Every link, between two agents of one turn as between 
 carries the GAE by γλ. Each agent's δ uses its own reward and the value of the next agent's state (for the last
 agent, agent 0's at the next turn, zeroed when the episode ended there); the math env pays the score to the last
 agent of the turn and 0 to the others. A chain cut by the end of the buffer bootstraps from the value of the next
-state. That is ``sequence_gae`` over ``acting_order`` with ``discounts=None``; ``turn_discounts`` with
-``within_turn=1`` discounts between turns only. One difference: MARFT also multiplies a link inside a turn by the
+state. That is ``sequence_gae`` over ``acting_order``. One difference: MARFT also multiplies a link inside a turn by the
 "episode goes on" mask of that turn, 0 on the first turn of an episode that began inside the buffer, which cuts
 those agents apart; here the agents of a turn are always linked.
 
@@ -31,7 +30,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 if TYPE_CHECKING:
     import torch
@@ -91,14 +90,12 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, ep
 
 
 def sequence_gae(rewards: torch.Tensor, values: torch.Tensor, next_index: torch.Tensor, gamma: float, lam: float,
-                 discounts: torch.Tensor | None = None,
                  bootstrap: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-level GAE over chains given by successor links: (advantages, returns) of N steps in any order.
 
     ``next_index[i]`` is the step after i in its episode, ``TERMINAL`` (−1: next value 0) or ``TRUNCATED`` (−2:
-    next value ``bootstrap[i]``). ``discounts[i]`` is d_i, the factor of the link from i to its successor
-    (default γ on every link, MARFT's rule; see ``turn_discounts``). Steps are computed in order of their distance
-    to their chain's end, every successor before its predecessors; a cycle is a ValueError.
+    next value ``bootstrap[i]``). Every link is discounted by γ (MARFT's rule). Steps are computed in order of their
+    distance to their chain's end, every successor before its predecessors; a cycle is a ValueError.
     """
     import torch
 
@@ -110,7 +107,7 @@ def sequence_gae(rewards: torch.Tensor, values: torch.Tensor, next_index: torch.
     if bootstrap is None and bool(cut.any()):
         raise ValueError("next_index marks truncated steps (-2) but no bootstrap values were given")
     levels = chain_levels(nxt)
-    d = torch.full_like(values, gamma) if discounts is None else discounts.to(values)
+    d = torch.full_like(values, gamma)
     linked, succ = nxt >= 0, nxt.clamp(min=0)
     end_value = values.new_zeros(values.shape) if bootstrap is None else torch.where(cut, bootstrap.to(values), 0.0)
     delta = rewards + d * torch.where(linked, values[succ], end_value) - values
@@ -140,18 +137,6 @@ def chain_levels(next_index: torch.Tensor) -> list[torch.Tensor]:
         depth[ready] = len(levels)
         levels.append(torch.nonzero(ready).flatten())
     return levels
-
-
-def turn_discounts(turns: torch.Tensor, next_index: torch.Tensor, gamma: float, within_turn: float = 1.0,
-                   dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The per-link factors d_i for ``sequence_gae``: ``within_turn`` where the successor acts in the same turn,
-    γ where it acts in a later one (and at a chain's end). ``within_turn=gamma`` is MARFT's γ on every link."""
-    import torch
-
-    succ = next_index.long().clamp(min=0)
-    same = (next_index >= 0) & (turns[succ] == turns)
-    dtype = dtype or torch.get_default_dtype()
-    return torch.where(same, torch.tensor(within_turn, dtype=dtype), torch.tensor(gamma, dtype=dtype))
 
 
 def acting_order(keys: Sequence[tuple[Hashable, int, str]], order: Mapping[str, int]) -> torch.Tensor:

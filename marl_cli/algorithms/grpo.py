@@ -25,10 +25,47 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
-from marl_cli.rollout.samples import Sample
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import AlgorithmConfig, bounded, choices
+from marl_cli.core.samples import Sample
+
+GroupFilter = choices("GroupFilter", "none", "zero_std", module=__name__)
+TurnCredit = choices("TurnCredit", "immediate", "return", module=__name__)
+NormGroup = choices("NormGroup", "turn", "episode", module=__name__)
+Selection = choices("Selection", "greedy", "random", module=__name__)
+
+
+@dataclass
+class GroupConfig(AlgorithmConfig):
+    """The group normalisation of the GRPO family (grpo, at_grpo, m_grpo)."""
+
+    norm_by_std: bool = True  # False gives the Dr. GRPO form r − mean
+    std_eps: float = bounded(1e-6, ge=0.0)  # ε in (r − mean) / (std + ε); 1e-4 gives TRL's advantages
+    filter: GroupFilter = GroupFilter.none  # zero_std drops groups whose rewards are all equal
+
+
+@dataclass
+class GRPOConfig(GroupConfig):
+    """GRPO's turn credit: which reward of a role's turn is normalised, and among which rows."""
+
+    # the reward a row's advantage normalises: immediate (its turn's own) | return (its role's discounted
+    # return-to-go in its episode: G_t = r_t + gamma * G_{t+1} over the role's later turns)
+    turn_credit: TurnCredit = TurnCredit.immediate
+    gamma: float = bounded(1.0, ge=0.0, le=1.0)  # turn_credit=return: the discount per turn of the role
+    # the rows a reward is normalised among: turn (same task, turn and role: AT-GRPO's) | episode (same task and
+    # role, every turn; unbiased when the policy decides when an episode ends)
+    norm_group: NormGroup = NormGroup.turn
+
+
+@dataclass
+class ATGRPOConfig(GRPOConfig):
+    """AT-GRPO: GRPO's settings, and tree rollouts (``mode=tree``) with the candidate that advances the state."""
+
+    selection: Selection = Selection.greedy  # tree mode: which candidate advances the state (best reward)
 
 
 def group_advantages(rewards: Sequence[float], groups: Sequence[Hashable], norm_by_std: bool = True,
@@ -133,5 +170,18 @@ def grpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
     return samples, stats
 
 
-ALGORITHMS.register("grpo")(Algorithm(grpo_estimator))
-ALGORITHMS.register("at_grpo")(Algorithm(grpo_estimator, modes=("independent", "tree")))
+def check_turn_credit(cfg: Any) -> None:
+    """Returns and episode groups follow a role through one episode: independent rollouts only."""
+    algorithm = cfg.algorithm
+    if algorithm.gamma != 1.0 and algorithm.turn_credit != "return":
+        raise ConfigError(f"algorithm.gamma={algorithm.gamma} discounts returns only: set algorithm.turn_credit=return")
+    changed = [f"{key}={algorithm[key]}" for key, plain in (("turn_credit", "immediate"), ("norm_group", "turn"))
+               if algorithm[key] != plain]
+    if changed and algorithm.mode == "tree":
+        raise ConfigError(f"algorithm.{changed[0]} follows a role through one episode; tree rollouts branch at every "
+                          "turn (a group is one state's K candidates): use algorithm.mode=independent")
+
+
+ALGORITHMS.register("grpo", schema=GRPOConfig, check=check_turn_credit)(Algorithm(grpo_estimator))
+ALGORITHMS.register("at_grpo", schema=ATGRPOConfig, check=check_turn_credit)(
+    Algorithm(grpo_estimator, modes=("independent", "tree")))

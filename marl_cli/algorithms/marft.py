@@ -14,12 +14,22 @@ is MARFT's rule (``gae.py`` describes its code). A row's advantage is one number
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
 from marl_cli.algorithms.gae import acting_order, sequence_gae, team_keys, whiten
 from marl_cli.algorithms.ppo import GAEConfig
-from marl_cli.rollout.samples import Sample
+from marl_cli.algorithms.values import STATE_RETURNS
+from marl_cli.config.schema import bounded
+from marl_cli.core.samples import Sample
+
+
+@dataclass
+class MARFTConfig(GAEConfig):
+    """GAE along an episode's acting order (marft): agent after agent within a turn, on to the next turn."""
+
+    gamma: float = bounded(0.99, ge=0.0, le=1.0)  # the discount per link of the acting order (agent to agent)
 
 
 def acting_positions(samples: list[Sample]) -> dict[str, int]:
@@ -58,4 +68,4 @@ def marft_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
     return samples, {"value_mean": float(values.mean()), "return_mean": float(returns.mean())}
 
 
-ALGORITHMS.register("marft", schema=GAEConfig)(Algorithm(marft_estimator, critic="utterance"))
+ALGORITHMS.register("marft", schema=MARFTConfig)(Algorithm(marft_estimator, values=STATE_RETURNS))

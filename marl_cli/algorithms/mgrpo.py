@@ -24,9 +24,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
-from marl_cli.algorithms.grpo import group_advantages
+from marl_cli.algorithms.grpo import GroupConfig, group_advantages
 from marl_cli.config.errors import ConfigError
-from marl_cli.rollout.samples import Sample
+from marl_cli.config.schema import bounded
+from marl_cli.core.samples import Sample
+
+
+@dataclass
+class MGRPOConfig(GroupConfig):
+    """M-GRPO: the group normalisation of GRPO on whole trajectories, the sub-agents' aligned to D per rollout."""
+
+    align_d: int = bounded(8, ge=1)  # D, sub-trajectories per rollout after alignment (D·K per query)
+    aligned_roles: list[str] = field(default_factory=lambda: ["sub"])  # roles aligned to D per rollout
 
 T = TypeVar("T")
 
@@ -164,4 +173,4 @@ def mgrpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
                             rng, rollouts)
 
 
-ALGORITHMS.register("m_grpo")(Algorithm(mgrpo_estimator, hierarchical=True))
+ALGORITHMS.register("m_grpo", schema=MGRPOConfig)(Algorithm(mgrpo_estimator, hierarchical=True))

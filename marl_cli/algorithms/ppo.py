@@ -20,15 +20,17 @@ from typing import Any
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
 from marl_cli.algorithms.gae import gae, whiten
 from marl_cli.algorithms.grpo import role_episodes
+from marl_cli.algorithms.values import TOKEN_RETURNS
 from marl_cli.config.schema import AlgorithmConfig, bounded
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 
 @dataclass
 class GAEConfig(AlgorithmConfig):
-    """A value-based algorithm's GAE: ``gamma`` (the base key) discounts each step, ``lam`` trades the critic's bias
+    """GAE over a role's completion tokens (ppo): ``gamma`` discounts each token, ``lam`` trades the critic's bias
     (0: one-step TD) for the returns' variance (1: Monte-Carlo returns minus the value)."""
 
+    gamma: float = bounded(1.0, ge=0.0, le=1.0)  # the discount per completion token (a turn's reward on its last)
     lam: float = bounded(0.95, ge=0.0, le=1.0)  # GAE's λ
     whiten: bool = True  # advantages normalised over the step's rows (mean 0, std 1), as PPO does
 
@@ -77,4 +79,4 @@ def _stats(samples: list[Sample], mask: Any, values: Any, returns: Any) -> dict[
             "empty_rows": float(sum(not s.completion_ids for s in samples))}
 
 
-ALGORITHMS.register("ppo", schema=GAEConfig)(Algorithm(ppo_estimator, critic="token"))
+ALGORITHMS.register("ppo", schema=GAEConfig)(Algorithm(ppo_estimator, values=TOKEN_RETURNS))

@@ -59,16 +59,6 @@ def critic_targets(rewards: torch.Tensor, dones: torch.Tensor, next_v: Pair, pol
     return CriticTargets(q1, q2, policy_q[0].detach(), policy_q[1].detach())
 
 
-def utterance_advantage(q: torch.Tensor | Pair, v: torch.Tensor | Pair) -> torch.Tensor:
-    """The actor's advantage A(s, a) = Q(s, a) − V(s), detached; a pair of heads counts as their minimum, as
-    ArCHer's min(Q_1, Q_2) − min(V_1, V_2)."""
-    import torch
-
-    q = torch.minimum(*q) if isinstance(q, tuple) else q
-    v = torch.minimum(*v) if isinstance(v, tuple) else v
-    return (q - v).detach()
-
-
 def polyak_update(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
     """θ̄ ← (1 − τ)·θ̄ + τ·θ in place, without gradient, over the parameters and floating-point buffers
     (other buffers stay). τ = 1 copies, τ = 0 keeps; ArCHer uses τ = 0.1 after each critic step. Modules whose

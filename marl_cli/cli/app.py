@@ -140,7 +140,7 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
     if command == "train" and launched_world_size() > 1:
         if MULTIRUN_FLAGS.intersection(args):
             fail(command, "a sweep (-m) starts its own jobs; launch one run per torchrun/accelerate launch")
-        from marl_cli.training.distributed import launch_overrides
+        from marl_cli.core.world import launch_overrides
 
         args = [*args, *launch_overrides(args)]
     overrides, flags = split_args(args)  # overrides first: Hydra's parser drops those that follow a flag's value
@@ -181,7 +181,7 @@ def run_job(command: str, job: Callable[[DictConfig, Path], dict[str, Any]], cfg
         import torch
 
         torch.set_num_threads(cfg.threads)
-    from marl_cli.training.distributed import World
+    from marl_cli.core.world import World
 
     if not World.current().main:  # rank 0 reports for the run
         logging.getLogger().setLevel(logging.WARNING)

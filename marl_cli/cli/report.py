@@ -59,11 +59,6 @@ def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
     return paths, rest
 
 
-def translate(args: list[str]) -> list[str]:
-    """Hydra's arguments for ``marl report`` arguments: paths into ``runs=[...]``, ``--plot`` into ``plot=true``."""
-    return hydra_arguments(*split_arguments(args))
-
-
 def hydra_arguments(paths: list[str], rest: list[str]) -> list[str]:
     """Hydra's arguments from ``split_arguments``' two lists."""
     given = any(o.split("=", 1)[0].lstrip("+~") == "runs" for o in overrides_in(rest))

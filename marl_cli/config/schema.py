@@ -26,16 +26,13 @@ def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, l
     return field(default=default, metadata={"ge": ge, "gt": gt, "le": le})
 
 
-def choices(name: str, *values: str) -> type[StrEnum]:
-    """A ``StrEnum`` of ``values``: a field typed with it accepts only them, and OmegaConf names them on error."""
-    return StrEnum(name, [(v, v) for v in values], module=__name__)
+def choices(name: str, *values: str, module: str = __name__) -> type[StrEnum]:
+    """A ``StrEnum`` of ``values``: a field typed with it accepts only them, and OmegaConf names them on error.
+    ``module`` is where it is assigned to ``name`` (a plug-in's own: ``__name__``), so it pickles."""
+    return StrEnum(name, [(v, v) for v in values], module=module)
 
 
 RolloutMode = choices("RolloutMode", "independent", "tree")
-Selection = choices("Selection", "greedy", "random")
-GroupFilter = choices("GroupFilter", "none", "zero_std")
-TurnCredit = choices("TurnCredit", "immediate", "return")
-NormGroup = choices("NormGroup", "turn", "episode")
 CriticScope = choices("CriticScope", "policy", "team")
 DType = choices("DType", "float32", "bfloat16", "float16")
 LossType = choices("LossType", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -250,24 +247,13 @@ class ResearchWorkflowConfig(WorkflowConfig):
 
 @dataclass
 class AlgorithmConfig:
-    """How sample rows are grouped and turned into advantages."""
+    """What every algorithm reads: how its rollouts are played and how many make a group. Each algorithm adds its own
+    settings in a schema registered beside its estimator (``algorithms/<name>.py``), so a key only another algorithm
+    reads is refused when the config composes."""
 
-    name: str = MISSING  # the registered algorithm: grpo | at_grpo | m_grpo (set by the option)
+    name: str = MISSING  # the registered algorithm (set by the option; `marl train --help algorithm` lists them)
     mode: RolloutMode = RolloutMode.independent  # independent: K episodes per task; tree: K candidates per agent, turn
-    selection: Selection = Selection.greedy  # tree mode: which candidate advances the state (best reward)
     num_generations: int = bounded(8, ge=1)  # K samples per group
-    norm_by_std: bool = True  # False gives the Dr. GRPO form r − mean
-    std_eps: float = bounded(1e-6, ge=0.0)  # ε in (r − mean) / (std + ε); 1e-4 gives TRL's advantages
-    filter: GroupFilter = GroupFilter.none  # zero_std drops groups whose rewards are all equal
-    # the reward a row's advantage normalises: immediate (its turn's own) | return (its role's discounted
-    # return-to-go in its episode: G_t = r_t + gamma * G_{t+1} over the role's later turns)
-    turn_credit: TurnCredit = TurnCredit.immediate
-    gamma: float = bounded(1.0, ge=0.0, le=1.0)  # turn_credit=return: the discount per turn
-    # the rows a reward is normalised among: turn (same task, turn and role: AT-GRPO's) | episode (same task and
-    # role, every turn; unbiased when the policy decides when an episode ends)
-    norm_group: NormGroup = NormGroup.turn
-    align_d: int = bounded(8, ge=1)  # m_grpo: D, sub-trajectories per rollout after alignment (D·K per query)
-    aligned_roles: list[str] = field(default_factory=lambda: ["sub"])  # m_grpo: roles aligned to D per rollout
 
 
 @dataclass
@@ -322,7 +308,7 @@ class PolicyConfig:
     # policy name -> what its update changes from `trainer` (learning_rate, loss_type, ...: config.team.TRAINER_KEYS)
     trainers: dict[str, Any] = field(default_factory=dict)
     frozen: list[str] = field(default_factory=list)  # policies that act but never update (weights, optimiser state)
-    # role -> a registered scripted actor that acts for it instead of a model (oracle, empty: rollout.scripted.ACTORS)
+    # role -> a registered scripted actor that acts for it instead of a model (oracle, empty: policies.scripted.ACTORS)
     scripted: dict[str, str] = field(default_factory=dict)
 
 

@@ -63,6 +63,21 @@ def _keys_of(object_type: object) -> list[str]:
     return []
 
 
+def owners(full_key: str, object_type: object) -> str:
+    """For a key the selected plug-in's schema lacks but another plug-in of its group reads (``algorithm.filter``
+    under ``algorithm=ppo``): one line naming the plug-ins that read it and the keys this one has; else empty."""
+    group, _, key = full_key.partition(".")
+    for registry in registries():
+        if registry.group != group or "." in key:
+            continue
+        mine = [name for name, schema in registry.schemas.items() if schema is object_type]
+        others = [name for name, schema in sorted(registry.schemas.items()) if key in _keys_of(schema)]
+        if mine and others:
+            return (f"{full_key} is a setting of {', '.join(f'{group}={o}' for o in others)}, not of {group}={mine[0]} "
+                    f"(its keys: {', '.join(k for k in _keys_of(object_type) if k != 'name')})")
+    return ""
+
+
 MOVED = {"rollout.eval_temperature": "eval.temperature",
          "trainer.sync": "trainer.max_staleness (sync=true is 0; sync=false let the sub policy's weights lag: "
                          "give the lag it may have, e.g. 1)"}
@@ -86,6 +101,9 @@ def describe(exc: BaseException) -> str:
                 hint = f"; valid keys: {', '.join(valid)}" if valid else ""
                 if err.full_key in MOVED:
                     hint = f"; it is {MOVED[err.full_key]} now"
+                elsewhere = owners(err.full_key, getattr(err, "object_type", None))
+                if elsewhere:
+                    return elsewhere
                 return f"{err.full_key}: no such key{hint}"
             return f"{err.full_key}: {err.msg.splitlines()[0].split('raised while resolving interpolation: ')[-1]}"
     return " ".join(str(exc).replace("\t", " ").split())
@@ -345,13 +363,19 @@ IDENTITY = ("model", "env", "workflow", "algorithm", "credit", "critic", "policy
 AS_BEFORE = {"algorithm.turn_credit": "immediate", "algorithm.gamma": 1.0, "algorithm.norm_group": "turn",
              "credit": {"name": "none"}, "critic": {"name": "none"}}
 """Keys a later marl added to ``IDENTITY``'s groups, with the value that does what runs did before they existed."""
+UNREAD = ("algorithm",)
+"""Groups whose schema once held keys their plug-in never read (one flat algorithm schema for every algorithm): a
+saved key this config's schema lacks was not read by the run, so it changes nothing."""
 
 
 def _differences(saved: Any, now: Any, path: str) -> Iterator[str]:
     """The keys under ``path`` whose value differs; a key the saved config lacks (one a later marl added) is
-    unchanged while it is left empty or as ``AS_BEFORE`` has it."""
+    unchanged while it is left empty or as ``AS_BEFORE`` has it; a key only the saved config has is unchanged under
+    ``UNREAD``'s groups."""
     if isinstance(saved, dict) and isinstance(now, dict):
         for key in sorted(set(saved) | set(now)):
+            if key not in now and path in UNREAD:
+                continue
             if key not in saved and (now[key] in (None, {}, []) or AS_BEFORE.get(f"{path}.{key}") == now[key]):
                 continue
             yield from _differences(saved.get(key), now.get(key), f"{path}.{key}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marl_cli.config.registry import Registry
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 Hook = Callable[[list[Sample], Any, Any], dict[str, float]]
 """``(rows, credit config, run) -> statistics``: rewrites the rows in place (rewards, or token advantages)."""

@@ -23,8 +23,8 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import CreditConfig, bounded
+from marl_cli.core.samples import Sample
 from marl_cli.credit.base import CREDITS, Credit
-from marl_cli.rollout.samples import Sample
 
 STRATEGIC_GRAMS = ["let's", "let me", "first,", "first i", "we need to", "i need to", "the key", "the goal",
                    "my plan", "plan:", "step by step", "next,", "then,", "so the", "therefore", "because",

@@ -33,8 +33,8 @@ from typing import Any
 from marl_cli.algorithms.grpo import role_episodes, turn_returns
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import CreditConfig, bounded
+from marl_cli.core.samples import Sample
 from marl_cli.credit.base import CREDITS, Credit
-from marl_cli.rollout.samples import Sample
 
 
 @dataclass
@@ -49,6 +49,9 @@ class IgpoConfig(CreditConfig):
 
 def check_igpo(cfg: Any) -> None:
     """IGPO normalises every turn's reward of a task together and sums the normalised ones over later turns."""
+    if "norm_group" not in cfg.algorithm:
+        raise ConfigError(f"credit=igpo reshapes the turn rewards GRPO normalises: use algorithm=grpo or at_grpo, "
+                          f"not {cfg.algorithm.name}")
     if cfg.algorithm.norm_group != "episode" or cfg.algorithm.turn_credit != "immediate":
         raise ConfigError("credit=igpo normalises every turn of a task's episodes together, then sums them over later "
                           "turns: set algorithm.norm_group=episode and keep algorithm.turn_credit=immediate")
@@ -58,7 +61,7 @@ def reference_probabilities(policy: Any, rows: list[Sample], batch_size: int) ->
     """P = exp(mean log π(reference tokens | prompt)) of each row under ``policy``, teacher-forced, no gradient."""
     import torch
 
-    from marl_cli.rollout.padding import pad_rows
+    from marl_cli.core.padding import pad_rows
 
     tokenizer, model = policy.tokenizer, policy.model
     pad = tokenizer.pad_token_id

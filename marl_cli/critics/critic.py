@@ -26,51 +26,18 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from marl_cli.algorithms.td import polyak_update
+from marl_cli.algorithms.values import CriticBatch, Scored, Transition, prompt_only, state_row
+from marl_cli.core.padding import pad_rows
+from marl_cli.core.world import World
 from marl_cli.critics.losses import explained_variance, value_terms
-from marl_cli.critics.replay import Transition
 from marl_cli.critics.value_model import ValueModel
-from marl_cli.rollout.padding import pad_rows
-from marl_cli.training.distributed import World
 
 POSITIONS = ("token", "state", "action")
-
-
-class Scored(Protocol):
-    """A token row the critic reads: a prompt (the state) and a completion (the action; may be empty)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-
-
-@dataclass
-class Regression:
-    """Values at ``position`` (``POSITIONS``) of every row of a batch, for the heads ``heads``, regressed toward
-    ``targets``.
-
-    ``targets`` holds one item per row with n × len(``heads``) numbers, position-major: n = the row's completion
-    length for ``token`` (a list of floats per row with one head), 1 for ``state`` and ``action`` (a (N,) tensor
-    or list with one head, (N, len(heads)) with several). ``old_values`` (the same layout) are V_old of the clipped
-    loss: given, they must be the critic's values before this update (``token_values`` for the token position);
-    None: the update reads them first.
-    """
-
-    position: str
-    targets: Sequence[Any] | torch.Tensor
-    heads: Sequence[int] = (0,)
-    old_values: Sequence[Any] | torch.Tensor | None = None
-
-
-@dataclass
-class CriticBatch:
-    """What one update regresses: ``rows`` and the regressions over them (one forward pass of a row serves all)."""
-
-    rows: Sequence[Scored]
-    regressions: list[Regression]
 
 
 @dataclass
@@ -87,19 +54,6 @@ class _Entries:
     @property
     def size(self) -> int:
         return self.index.numel()
-
-
-@dataclass
-class _NextState:
-    """A next state s′ as a row: its prompt, no completion."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-
-
-def prompt_only(row: Scored) -> Scored:
-    """``row``'s state alone (its prompt, no completion): what the ``state`` position reads, at half the cost."""
-    return _NextState(list(row.prompt_ids), [])
 
 
 def positions(row: Scored, position: str) -> list[int]:
@@ -238,7 +192,7 @@ class Critic:
         """(N, heads) values of each transition's next state s′ (at the last token of ``next_prompt_ids``), 0 for a
         done one (no next state): V(s′) of the TD target r + γ·(1 − done)·V(s′)."""
         live = [i for i, t in enumerate(transitions) if t.next_prompt_ids is not None]
-        values = self._at([_NextState(list(transitions[i].next_prompt_ids or []), []) for i in live], "state",
+        values = self._at([state_row(transitions[i].next_prompt_ids or []) for i in live], "state",
                           target)
         out = torch.zeros(len(transitions), self.model.heads, dtype=values.dtype)
         out[live] = values

@@ -15,26 +15,9 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass
-class Transition:
-    """One agent's utterance as a transition (s, a, r, s′, done), in tokens.
-
-    ``prompt_ids`` is the state s, ``completion_ids`` the action a, ``next_prompt_ids`` the state s′ the agent
-    acts in next (None when ``done``: the episode ended, the next value is 0); ``step`` is the RL step it was
-    collected at, ``role`` the agent.
-    """
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    reward: float
-    done: bool
-    next_prompt_ids: list[int] | None
-    step: int
-    role: str
+from marl_cli.algorithms.values import Transition
 
 
 class ReplayBuffer:

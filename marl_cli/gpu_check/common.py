@@ -15,10 +15,10 @@ import torch
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import ModelConfig, TinyModelConfig, TrainerConfig
+from marl_cli.core.samples import Sample
+from marl_cli.core.world import World
 from marl_cli.policies.regime import Policy, build_policies
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.distributed import World
-from marl_cli.training.policy_trainer import PolicyTrainer
+from marl_cli.training.learner.policy_trainer import PolicyTrainer
 
 TINY = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=2,
                        num_key_value_heads=1, head_dim=64, max_position_embeddings=512)

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from marl_cli.core.world import World, init_from_launcher
 from marl_cli.gpu_check.checks import Figures, Setup, expect
 from marl_cli.gpu_check.common import Distance, grpo_rows, relative, tiny_policy, trainer, weights
-from marl_cli.training.distributed import World, init_from_launcher
 
 LEARNING_RATE = 1e-3
 TERMS = 4096

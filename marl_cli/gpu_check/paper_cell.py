@@ -21,7 +21,7 @@ from marl_cli.gpu_check.common import MIB, compose_train, cuda_peak, grpo_rows
 from marl_cli.policies.loading import DTYPES
 from marl_cli.policies.regime import Policy
 from marl_cli.policies.tiny import build_tiny_tokenizer
-from marl_cli.training.policy_trainer import PolicyTrainer
+from marl_cli.training.learner.policy_trainer import PolicyTrainer
 
 CELL = "paper/at_grpo/qwen3_1_7b/plan_path/at_grpo_shared"
 QWEN3_1_7B: dict[str, Any] = {

@@ -8,13 +8,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("pass", "fail", "skip")
 HEADER = ("check", "result", "figures", "seconds")
 
 
 @dataclass
 class Row:
-    """One check's outcome: ``status`` (``STATUSES``), ``reason`` (one line; for fail and skip), the figures it
+    """One check's outcome: ``status`` (pass, fail or skip), ``reason`` (one line; for fail and skip), the figures it
     measured (name → number or text) and how long it took."""
 
     check: str

@@ -19,7 +19,7 @@ from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
 from marl_cli.config.team import check_team, model_key
-from marl_cli.rollout.scripted import check_scripted, scripted_roles
+from marl_cli.policies.scripted import check_scripted, scripted_roles
 
 LORA_BASE = "lora_base"
 """The name of an adapter regime's frozen (warm-started) base model of the run's ``model``, and where the run dir
@@ -60,7 +60,7 @@ def lora_bases(role_map: dict[str, str], model_cfg: Any, models: dict[str, Any])
 
 def assign_roles(policy_cfg: Any, roles: list[str]) -> dict[str, str]:
     """Map each role a model acts for to the name of the policy it acts through (a scripted role,
-    ``policy.scripted``, is no policy's: ``rollout.scripted``)."""
+    ``policy.scripted``, is no policy's: ``policies.scripted``)."""
     regime = REGIMES.get(policy_cfg.name)
     explicit = dict(policy_cfg.assignment or {})
     unknown = sorted(set(explicit) - set(roles))
@@ -107,7 +107,7 @@ def check_adapters(cfg: Any) -> None:
 
 
 def check_regime(cfg: Any) -> None:
-    """Every regime's rules: the scripted roles (``rollout.scripted.check_scripted``), the role→policy map
+    """Every regime's rules: the scripted roles (``policies.scripted.check_scripted``), the role→policy map
     (``policy.assignment``), decoupled trainers' setup, the team's per-policy settings and schedule
     (``config.team.check_team``) and, for a regime of adapters, ``check_adapters``."""
     check_scripted(cfg)

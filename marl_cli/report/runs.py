@@ -7,6 +7,7 @@ A run whose overrides change its experiment's budget says so (``report.budget``)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import json
@@ -187,12 +188,18 @@ def _without(config: dict[str, Any], dotted: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of a nested config as (dotted key, value); an empty mapping is a leaf."""
     if isinstance(node, dict) and node:
         for key, value in node.items():
-            yield from _leaves(value, f"{prefix}{key}.")
+            yield from leaves(value, f"{prefix}{key}.")
     elif prefix:
         yield prefix[:-1], node
+
+
+def _defaults(schema: type, group: str) -> dict[str, Any]:
+    node = OmegaConf.to_container(OmegaConf.structured(schema), resolve=False, enum_to_str=True)
+    return {key: value for key, value in leaves(node, f"{group}.") if value != "???"}
 
 
 @functools.cache
@@ -202,17 +209,36 @@ def schema_defaults() -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for group, schema in GROUP_SCHEMAS.items():
-        node = OmegaConf.to_container(OmegaConf.structured(schema), resolve=False, enum_to_str=True)
-        out.update({key: value for key, value in _leaves(node, f"{group}.") if value != "???"})
+        out.update(_defaults(schema, group))
     return out
+
+
+@functools.cache
+def plugin_schema(group: str, name: str) -> type | None:
+    """The schema the plug-in ``name`` of ``group`` registered (None: none, or no such plug-in)."""
+    from marl_cli.config.registry import registries
+    from marl_cli.plugins import load_all
+
+    load_all()
+    return next((r.schemas.get(name) for r in registries() if r.group == group), None)
 
 
 def without_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` without the settings at their schema default: a run saved before a key existed and one that
-    leaves it at its default have the same setup (a group option's own defaults may differ: they stay)."""
-    defaults = schema_defaults()
-    return _without(config, [key for key, value in _leaves(config)
-                             if key in defaults and json.dumps(value, default=str) == json.dumps(defaults[key])])
+    leaves it at its default have the same setup (a group option's own defaults may differ: they stay). In
+    ``UNREAD``'s groups the selected plug-in's schema gives the defaults, and a key it lacks (saved by an older marl
+    whose one schema held every plug-in's keys) was never read, so it goes too."""
+    from marl_cli.config.validate import UNREAD
+
+    defaults, unread = dict(schema_defaults()), []
+    for group in UNREAD:
+        schema = plugin_schema(group, str(get(config, f"{group}.name")))
+        if schema is not None:
+            defaults.update(_defaults(schema, group))
+            read = {f.name for f in dataclasses.fields(schema)}
+            unread += [f"{group}.{key}" for key in get(config, group, {}) if key not in read]
+    return _without(config, [*unread, *(key for key, value in leaves(config) if key in defaults and
+                                        json.dumps(value, default=str) == json.dumps(defaults[key]))])
 
 
 def setup_key(config: dict[str, Any], load_key: str | None = None) -> str:

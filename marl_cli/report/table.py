@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from marl_cli.report.runs import BEFORE_IGNORED, BOOKKEEPING, NUMBER, Run, is_bookkeeping
+from marl_cli.report.runs import BEFORE_IGNORED, BOOKKEEPING, NUMBER, Run, is_bookkeeping, leaves
 
 METHOD_ORDER = ("single agent", "single agent + GRPO", "MAS, prompt only", "MAS + GRPO", "AT-GRPO, shared policy",
                 "AT-GRPO, per-role policies", "AT-GRPO, LoRA per role", "M-GRPO, frozen sub", "M-GRPO")
@@ -118,13 +118,10 @@ def _groups(runs: list[Run]) -> list[_Group]:
     return list(groups.values())
 
 
-def _flat(config: Any, prefix: str = "") -> dict[str, str]:
-    if isinstance(config, dict):
-        out: dict[str, str] = {}
-        for k, v in config.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: config if isinstance(config, str) else json.dumps(config, default=str)}
+def _flat(config: Any) -> dict[str, str]:
+    """Every leaf of ``config`` by dotted key, as text (empty mappings left out)."""
+    return {key: value if isinstance(value, str) else json.dumps(value, default=str)
+            for key, value in leaves(config) if value != {}}
 
 
 def _config_diffs(groups: list[_Group]) -> list[str]:

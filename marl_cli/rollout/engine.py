@@ -13,7 +13,7 @@ of an episode (M-GRPO's) are written into its rows by ``workflow.settle`` once i
 Batching: in each stage of a turn, the prompts of all live episodes × candidates × roles that act
 through the same policy go to that policy in one generate call (more only when they exceed the
 rollout batch size). Calls per stage therefore equal the number of policies acting in it,
-whatever the number of tasks. A scripted role (routed to ``scripted:<actor>``, ``rollout/scripted.py``)
+whatever the number of tasks. A scripted role (routed to ``scripted:<actor>``, ``policies/scripted.py``)
 answers through its actor instead, with no generate call and rows without token ids.
 """
 
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import Policy
+from marl_cli.policies.scripted import is_scripted, scripted_actor
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.generation import Generation, Sampling
-from marl_cli.rollout.samples import Sample
-from marl_cli.rollout.scripted import is_scripted, scripted_actor
 from marl_cli.workflows.base import Outcome, TeamState, Workflow
 
 MODES = ("independent", "tree")

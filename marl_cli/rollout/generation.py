@@ -26,10 +26,10 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from marl_cli.core.padding import pad_rows
 from marl_cli.policies.loading import format_prompt
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.growing_cache import grow_in_place
-from marl_cli.rollout.padding import pad_rows
 from marl_cli.rollout.prefix import cache_argument, shared_prompt_cache
 
 

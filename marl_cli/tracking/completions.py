@@ -6,7 +6,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 COLUMNS = ("step", "split", "role", "policy", "task", "branch", "turn", "reward", "advantage", "success",
            "format_ok", "finished", "prompt", "completion")

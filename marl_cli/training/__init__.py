@@ -1,1 +1,3 @@
-"""The training loop, the TRL-backed per-policy update, warm start, evaluation and checkpoints."""
+"""Training, in three rooms: the learner (``learner/``: the per-policy update through TRL), where a step's rows come
+from (``rows/``), and the loop with its phases (this folder: ``loop``, ``build``, ``hooks``, ``checkpoint``,
+``evaluation``, ``warmstart``, ``interrupts``)."""

@@ -17,6 +17,7 @@ from marl_cli import determinism
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.team import policy_models, role_sampling
 from marl_cli.config.validate import check_config, check_device
+from marl_cli.core.world import World
 from marl_cli.credit import CREDITS
 from marl_cli.envs import ENVS, build_env
 from marl_cli.policies.regime import (
@@ -30,14 +31,14 @@ from marl_cli.policies.regime import (
     routing,
 )
 from marl_cli.policies.roles import assign_roles, sub_roles, uses_adapters
+from marl_cli.policies.scripted import NoTokens, is_scripted, scripted_routing
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.backends.base import Generator
 from marl_cli.rollout.engine import Rollout, RolloutResult
 from marl_cli.rollout.generation import Sampling
-from marl_cli.rollout.scripted import NoTokens, is_scripted, scripted_routing
 from marl_cli.sandbox import Sandbox
 from marl_cli.training.checkpoint import latest_checkpoint
-from marl_cli.training.distributed import World, play_shared
+from marl_cli.training.rows.distributed import play_shared
 from marl_cli.workflows import WORKFLOWS, build_workflow
 from marl_cli.workflows.base import Workflow
 
@@ -173,7 +174,7 @@ class Run:
             (``policy.scripted``) has none, and is routed to its actor (``scripted:<actor>``) only.
         rollout: the team, the policies as routed now, the generation backend and the sampling settings.
         source: where the policies were loaded from.
-        world: the processes training the run together (``training/distributed.py``).
+        world: the processes training the run together (``training/rows/distributed.py``).
     """
 
     cfg: DictConfig
@@ -234,9 +235,10 @@ class Run:
 
 def build_rollout(cfg: DictConfig, workflow: Workflow, policies: dict[str, Policy], routes: dict[str, str]) -> Rollout:
     """The rollout of ``workflow`` by ``policies`` routed by ``routes`` (role → policy): the config's backend,
-    sampling, mode and tree selection (a run's, and its rollout worker's: ``training/rollout_worker.py``)."""
+    sampling, mode and tree selection (greedy for an algorithm without one: only at_grpo branches). A run's, and its
+    rollout worker's (``training/rows/rollout_worker.py``)."""
     return Rollout(workflow, policies, routes, BACKENDS.get(cfg.rollout.backend)(cfg), sampling_from(cfg),
-                   sampling_from(cfg, evaluation=True), cfg.algorithm.mode, cfg.algorithm.selection,
+                   sampling_from(cfg, evaluation=True), cfg.algorithm.mode, cfg.algorithm.get("selection", "greedy"),
                    CREDITS.get(cfg.credit.name).references)
 
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -27,6 +28,8 @@ from marl_cli.policies.regime import Policy
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
+MOVED = {"marl_cli.rollout.samples": "marl_cli.core.samples"}
+"""Modules whose classes older checkpoints pickled (rows in flight, replay buffers) under another name."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -118,5 +121,20 @@ def latest_checkpoint(run_dir: Path) -> Path:
     raise ConfigError(f"trainer.resume={run_dir}: every checkpoint under checkpoints/ is damaged")
 
 
+class _Unpickler(pickle.Unpickler):
+    """Finds a class an older checkpoint pickled under a module that has since moved (``MOVED``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(MOVED.get(module, module), name)
+
+
+class _pickle:
+    """``pickle`` with the unpickler that follows moved modules."""
+
+    Unpickler = _Unpickler
+    load = pickle.load
+
+
 def load_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / "state.pt", weights_only=False)
+    """A checkpoint's ``state.pt`` (one saved before a module moved included)."""
+    return torch.load(checkpoint / "state.pt", weights_only=False, pickle_module=_pickle)

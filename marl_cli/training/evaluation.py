@@ -19,8 +19,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from marl_cli.core.samples import Sample
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics
-from marl_cli.rollout.samples import Sample
 from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run

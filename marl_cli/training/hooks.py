@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker

@@ -8,8 +8,8 @@ Single-agent GRPO is the degenerate case: one role, one policy, one turn, groups
 AT-GRPO is the same loop with tree rollouts (``algorithm.mode=tree``) over a multi-agent workflow;
 under ``lora_per_role`` the warm start trains each base model before its adapters are attached.
 M-GRPO is the same loop with trajectory-level advantages; its decoupled trainers
-(``trainer.role=main|sub``, see ``training/decoupled.py``) run this loop in two processes, the
-sub trainer taking its rows from the store (``training/rows.py``) instead of from rollouts.
+(``trainer.role=main|sub``, see ``training/rows/decoupled.py``) run this loop in two processes, the
+sub trainer taking its rows from the store (``training/rows/sources.py``) instead of from rollouts.
 """
 
 from __future__ import annotations
@@ -25,25 +25,25 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
-from marl_cli.algorithms.critics import CRITICS
 from marl_cli.config.team import Schedule, policy_trainer
+from marl_cli.core.samples import Sample
 from marl_cli.credit.base import shape_advantages, shape_rewards
+from marl_cli.critics.kinds import CRITICS
+from marl_cli.critics.phase import CriticPhase
 from marl_cli.policies.regime import Policy, checkpoint_adapters
 from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
-from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
 from marl_cli.training.build import Run, build_run
 from marl_cli.training.checkpoint import load_state, prune_checkpoints, save_checkpoint
-from marl_cli.training.critic_phase import CriticPhase
-from marl_cli.training.decoupled import Exchange
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.hooks import CheckpointHook, EvalHook, Hook, LogHook
 from marl_cli.training.interrupts import StopRequest
-from marl_cli.training.policy_trainer import PolicyTrainer
-from marl_cli.training.rows import RolloutRows, row_source
+from marl_cli.training.learner.policy_trainer import PolicyTrainer
+from marl_cli.training.rows.decoupled import Exchange
+from marl_cli.training.rows.sources import RolloutRows, row_source
 from marl_cli.training.warmstart import warm_start_all
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Trainer:
 
     Args:
         run: what the run acts with (``build_run``; a resumed run continues from ``run.source.resumed``).
-        source: where each step's rows come from (``training/rows.py``; default: the run's, ``row_source``).
+        source: where each step's rows come from (``training/rows/sources.py``; default: the run's, ``row_source``).
     """
 
     def __init__(self, run: Run, source: RolloutRows | None = None):

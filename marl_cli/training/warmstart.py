@@ -22,13 +22,13 @@ from transformers import PrinterCallback, TrainerCallback
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.team import model_key, policy_model
+from marl_cli.core.world import World
 from marl_cli.policies.regime import Policy
 from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.generation import Sampling
 from marl_cli.tracking.console import draws_bars
 from marl_cli.training.build import build_team, init_seed, sampling_from
-from marl_cli.training.distributed import World
-from marl_cli.training.trl_args import SFTConfig, SFTTrainer, checkpointing_off
+from marl_cli.training.learner.trl_args import SFTConfig, SFTTrainer, checkpointing_off
 from marl_cli.workflows.base import Workflow
 
 log = logging.getLogger(__name__)

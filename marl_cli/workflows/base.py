@@ -20,8 +20,8 @@ from typing import Any
 from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
+from marl_cli.core.samples import Sample
 from marl_cli.envs.base import Env
-from marl_cli.rollout.samples import Sample
 from marl_cli.sandbox import SandboxResult
 
 

@@ -37,8 +37,8 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import WorkflowConfig
+from marl_cli.core.samples import Sample
 from marl_cli.envs.base import Transition
-from marl_cli.rollout.samples import Sample
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 PARTNER = {"pioneer": "observer", "observer": "pioneer"}

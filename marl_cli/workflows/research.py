@@ -23,8 +23,8 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ResearchWorkflowConfig
+from marl_cli.core.samples import Sample
 from marl_cli.envs.research import SEARCH_TOOLS
-from marl_cli.rollout.samples import Sample
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 SUB_RULES = f"{SEARCH_TOOLS} result: <text> returns your finding to the main agent."

@@ -9,12 +9,11 @@ from marl_cli.algorithms.gae import (
     role_keys,
     sequence_gae,
     team_keys,
-    turn_discounts,
     turn_order,
     whiten,
 )
 from marl_cli.algorithms.grpo import role_episodes
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 NAN = float("nan")
 
@@ -115,22 +114,6 @@ def test_sequence_gae_marft_order_by_hand():
     adv, ret = sequence_gae(MARFT_REWARDS, MARFT_VALUES, MARFT_NEXT, 0.9, 0.8)
     close(adv, MARFT_ADVANTAGES)
     close(ret, MARFT_ADVANTAGES + MARFT_VALUES)
-
-
-def test_sequence_gae_discounting_between_turns_only():
-    # d = (1, 0.9, 1, 0.9, 1, 0.9): no discount from agent 0 to agent 1 of a turn
-    #   A5 = 0.2
-    #   A4 = 0.8 − 0.6 + 0.8·0.2 = 0.36
-    #   A3 = 0.9·0.6 − 0.5 + 0.72·0.36 = 0.04 + 0.2592 = 0.2992
-    #   A2 = 0.5 − 0.4 + 0.8·0.2992 = 0.1 + 0.23936 = 0.33936
-    #   A1 = 0.9·0.4 − 0.3 + 0.72·0.33936 = 0.06 + 0.2443392 = 0.3043392
-    #   A0 = 0.3 − 0.2 + 0.8·0.3043392 = 0.1 + 0.24347136 = 0.34347136
-    d = turn_discounts(torch.tensor([0, 0, 1, 1, 2, 2]), MARFT_NEXT, 0.9, within_turn=1.0, dtype=torch.float64)
-    close(d, t(1.0, 0.9, 1.0, 0.9, 1.0, 0.9))
-    adv, _ = sequence_gae(MARFT_REWARDS, MARFT_VALUES, MARFT_NEXT, 0.9, 0.8, discounts=d)
-    close(adv, t(0.34347136, 0.3043392, 0.33936, 0.2992, 0.36, 0.2))
-    marft = turn_discounts(torch.tensor([0, 0, 1, 1, 2, 2]), MARFT_NEXT, 0.9, within_turn=0.9, dtype=torch.float64)
-    close(sequence_gae(MARFT_REWARDS, MARFT_VALUES, MARFT_NEXT, 0.9, 0.8, discounts=marft)[0], MARFT_ADVANTAGES)
 
 
 def test_sequence_gae_unsorted_steps_give_the_sorted_result():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from marl_cli.algorithms.grpo import assign_advantages, group_advantages
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 
 def test_hand_computed_values():

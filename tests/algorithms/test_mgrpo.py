@@ -10,7 +10,7 @@ import pytest
 
 from marl_cli.algorithms.mgrpo import align, mgrpo_advantages, trajectories
 from marl_cli.config.errors import ConfigError
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 
 def row(task: int, branch: int, role: str, reward: float, segment: int = 0, turn: int = 0) -> Sample:

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from marl_cli.algorithms.td import critic_targets, polyak_update, td_target, utterance_advantage
+from marl_cli.algorithms.td import critic_targets, polyak_update, td_target
 
 NAN = float("nan")
 
@@ -36,14 +36,6 @@ def test_critic_targets_pair_each_head_with_its_own_target_head():
     clipped = critic_targets(rewards, dones, next_v, policy_q, 0.9, clipped=True)
     for x, expected in zip(clipped, [t(1.9, 0.0), t(1.9, 0.0), t(0.3, 0.2), t(0.3, 0.2)], strict=True):
         close(x, expected)
-
-
-def test_utterance_advantage():
-    # min Q = (0.7, 0.2), min V = (0.4, 0.1): A = (0.3, 0.1)
-    adv = utterance_advantage((t(1.0, 0.2, grad=True), t(0.7, 0.5)), (t(0.4, 0.1), t(0.5, 0.3)))
-    close(adv, t(0.3, 0.1))
-    assert not adv.requires_grad
-    close(utterance_advantage(t(1.0, 0.2), t(0.4, 0.5)), t(0.6, -0.3))
 
 
 class Head(nn.Module):

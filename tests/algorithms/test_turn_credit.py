@@ -9,7 +9,7 @@ import pytest
 from marl_cli.algorithms.grpo import assign_advantages, grpo_estimator, turn_returns
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_config
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 from tests.helpers import FAST, train_config
 
 
@@ -61,8 +61,6 @@ def test_the_estimator_normalises_returns_when_asked():
 @pytest.mark.parametrize(("overrides", "message"), [
     (["algorithm.gamma=0.9"], "algorithm.gamma=0.9 discounts returns only"),
     (["algorithm=at_grpo", "algorithm.turn_credit=return"], "tree rollouts branch at every turn"),
-    (["env=research", "workflow=deep_research", "algorithm=m_grpo", "algorithm.norm_group=episode"],
-     "rewards whole trajectories"),
 ])
 def test_turn_credit_it_cannot_give_is_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:

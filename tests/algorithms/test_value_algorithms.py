@@ -12,8 +12,8 @@ from marl_cli.algorithms.marft import acting_positions, marft_estimator
 from marl_cli.algorithms.ppo import GAEConfig, ppo_estimator
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_overrides
+from marl_cli.core.samples import Sample
 from marl_cli.plugins import register_configs
-from marl_cli.rollout.samples import Sample
 from tests.helpers import FAST
 
 register_configs()
@@ -93,12 +93,13 @@ def test_each_value_algorithm_composes_with_its_critic(overrides):
 @pytest.mark.parametrize("overrides,message", [
     ("algorithm=ppo", "algorithm=ppo learns a token-level value model: add critic=token"),
     ("algorithm=archer critic=token", "algorithm=archer learns a utterance-level value model: use critic=utterance"),
-    ("critic=token", "critic=token: algorithm=grpo is critic-free; a value model is read by algorithm=ppo"),
+    ("critic=token", "critic=token: algorithm=grpo is critic-free; a value model is read by algorithm=archer "
+     "(critic=utterance), marft (critic=utterance), ppo (critic=token)"),
     ("critic.learning_rate=1", "critic.learning_rate=1.0 is not used by algorithm=grpo (critic=none)"),
     ("algorithm=ppo critic=token critic.tau=0.5", "critic.tau=0.5 is not used by algorithm=ppo"),
     ("algorithm=archer critic=utterance critic.epochs=2", "critic.epochs=2 is not used by algorithm=archer"),
-    ("algorithm=ppo critic=token algorithm.turn_credit=return", "algorithm.turn_credit=return: algorithm=ppo "
-     "computes its returns with its critic"),
+    ("algorithm=ppo critic=token algorithm.turn_credit=return", "algorithm.turn_credit is a setting of "
+     "algorithm=at_grpo, algorithm=grpo, not of algorithm=ppo"),
     ("algorithm=ppo critic=token critic.warmup_steps=50 trainer.steps=50", "critic.warmup_steps=50: the policies "
      "would never train in trainer.steps=50"),
     ("algorithm=ppo critic=token +critic.model.foo=1", "critic.model.foo: not a key this can change"),

@@ -6,7 +6,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from marl_cli.cli.report import hydra_quote, is_run_argument, translate
+from marl_cli.cli.report import hydra_arguments, hydra_quote, is_run_argument, split_arguments
 from tests.helpers import cli
 from tests.report.rundirs import curve, make_run
 
@@ -14,8 +14,8 @@ from tests.report.rundirs import curve, make_run
 def test_arguments_become_runs_and_overrides(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "seed=0").mkdir()
-    args = translate(["a", "multirun/x/trainer.learning_rate=0.001/seed=0", "multirun/*/seed=1", "seed=0",
-                      "--plot", "metric=pass@1", "hydra.run.dir=/tmp/r", "digits=2"])
+    args = hydra_arguments(*split_arguments(["a", "multirun/x/trainer.learning_rate=0.001/seed=0", "multirun/*/seed=1",
+                                             "seed=0", "--plot", "metric=pass@1", "hydra.run.dir=/tmp/r", "digits=2"]))
     assert args == ["runs=['a','multirun/x/trainer.learning_rate=0.001/seed=0','multirun/*/seed=1','seed=0']",
                     "plot=true", "metric=pass@1", "hydra.run.dir=/tmp/r", "digits=2"]
     assert is_run_argument("outputs/x") and is_run_argument("x*=1") and not is_run_argument("digits=3")

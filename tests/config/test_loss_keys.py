@@ -9,7 +9,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.team import policy_trainer
 from marl_cli.config.validate import check_overrides
 from marl_cli.plugins import register_configs
-from marl_cli.training.trl_adapter import grpo_args
+from marl_cli.training.learner.trl_adapter import grpo_args
 from tests.helpers import FAST, cli, train_config
 
 register_configs()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import textwrap
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -19,23 +18,24 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
 from marl_cli.config.registry import PLUGIN_ENV, load_plugins
 from marl_cli.config.validate import check_overrides
-from marl_cli.plugins import register_configs
 from marl_cli.policies.roles import REGIMES
 from marl_cli.rollout.backends import BACKENDS
+from tests.helpers import install_plugin
 
 MODULE = "marl_settings_plugin"
 PLUGIN = '''
 from dataclasses import dataclass
 
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
+from marl_cli.algorithms.grpo import GRPOConfig
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.schema import AlgorithmConfig, PolicyConfig, RolloutConfig, bounded
+from marl_cli.config.schema import PolicyConfig, RolloutConfig, bounded
 from marl_cli.policies.roles import REGIMES, Regime
 from marl_cli.rollout.backends.base import BACKENDS
 
 
 @dataclass
-class ScaledConfig(AlgorithmConfig):
+class ScaledConfig(GRPOConfig):
     """GRPO advantages times a factor."""
 
     name: str = "scaled"
@@ -98,21 +98,7 @@ CHOSEN = ["algorithm=scaled", "rollout=echo", "policy=pairs"]
 @pytest.fixture
 def plugin(monkeypatch, tmp_path):
     """The throwaway plug-ins' module (named in MARL_PLUGINS) and config dir; forgotten after the test."""
-    for reg in (ALGORITHMS, BACKENDS, REGIMES):
-        for attribute in ("_entries", "schemas", "checks"):
-            monkeypatch.setattr(reg, attribute, dict(getattr(reg, attribute)))
-    monkeypatch.setattr(registry, "_loaded", set())
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    monkeypatch.delitem(sys.modules, MODULE, raising=False)
-    (tmp_path / f"{MODULE}.py").write_text(textwrap.dedent(PLUGIN))
-    conf = tmp_path / "conf"
-    for path, text in YAMLS.items():
-        (conf / path).parent.mkdir(parents=True, exist_ok=True)
-        (conf / path).write_text(text)
-    monkeypatch.setenv(PLUGIN_ENV, str(tmp_path / f"{MODULE}.py"))
-    register_configs()
-    return str(conf)
+    return install_plugin(monkeypatch, tmp_path, MODULE, PLUGIN, YAMLS, [ALGORITHMS, BACKENDS, REGIMES])
 
 
 def test_each_kind_composes_with_its_settings_default(plugin):
@@ -131,6 +117,7 @@ def test_each_kind_composes_with_its_settings_default(plugin):
     ("policy.pair_size=-1", "policy.pair_size=-1: must be >= 1"),
     ("policy.pair_size=two", "policy.pair_size: Value 'two' of type 'str' could not be converted to Integer"),
     ("policy.pair_sise=2", "policy.pair_sise: no such key; valid keys: name, assignment"),
+    ("algorithm.align_d=2", "algorithm.align_d is a setting of algorithm=m_grpo, not of algorithm=scaled"),
 ])
 def test_a_bad_setting_fails_like_a_built_in_key(plugin, override, message):
     with pytest.raises(ConfigError) as err:

@@ -68,10 +68,12 @@ def test_reference_states_types_defaults_bounds_and_choices():
     assert "| `trainer.learning_rate` | float | `1e-05` | > 0 |" in trainer
     assert "{grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo}" in trainer
     algorithm = section_text("algorithm")
-    # a default per option, one table per schema
-    assert "| key | type | `archer` | `at_grpo` | `grpo` | `m_grpo` | bounds | help |" in algorithm
-    assert "| `algorithm.mode` | {independent, tree} | `independent` | `tree` | `independent` | `independent` |" in \
-        algorithm
-    assert "| key | type | `marft` | `ppo` | bounds | help |" in algorithm
+    # one table per algorithm's schema, each key with the meaning that algorithm gives it
+    assert "### `algorithm=at_grpo`\n\nSchema `ATGRPOConfig`" in algorithm
+    assert "| `algorithm.mode` | {independent, tree} | `tree` |" in algorithm
+    assert "| `algorithm.gamma` | float | `0.95` | ≥ 0, ≤ 1 | the discount per TD step" in algorithm
+    assert "| `algorithm.gamma` | float | `1.0` | ≥ 0, ≤ 1 | the discount per completion token" in algorithm
+    assert "| `algorithm.gamma` | float | `0.99` | ≥ 0, ≤ 1 | the discount per link of the acting order" in algorithm
+    assert "| key | type | `marft` | `ppo` | bounds | help |" not in algorithm
     assert "`rollout.vllm.gpu_memory_utilization` | float | `0.3` | `0.3` | > 0, ≤ 1 |" in section_text("rollout")
     assert "| `model.name_or_path` | str or null | `${marl_required:" in section_text("model")

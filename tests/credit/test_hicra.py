@@ -8,10 +8,10 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_overrides
+from marl_cli.core.samples import Sample
 from marl_cli.credit.base import shape_advantages
 from marl_cli.credit.hicra import DETECTORS, HicraConfig, hicra, spans_to_tokens
 from marl_cli.policies.tiny import build_tiny_tokenizer
-from marl_cli.rollout.samples import Sample
 from tests.helpers import FAST, train_config
 
 

@@ -11,13 +11,13 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_overrides
+from marl_cli.core.samples import Sample
 from marl_cli.credit.igpo import IgpoConfig, igpo_advantages, igpo_rewards, information_gain, reference_probabilities
-from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.loop import train
 from tests.helpers import FAST, train_config
 from tests.precision import rounding, to_float64
-from tests.training.test_policy_trainer import TERMS
+from tests.training.learner.test_policy_trainer import TERMS
 
 
 def _row(turn, reward, branch=0, prompt=(5, 6, 7), reference="#### R D"):

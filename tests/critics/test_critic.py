@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from marl_cli.critics.critic import Critic, CriticBatch, Regression
+from marl_cli.algorithms.values import CriticBatch, Regression, Transition
+from marl_cli.core.samples import Sample
+from marl_cli.core.world import World
+from marl_cli.critics.critic import Critic
 from marl_cli.critics.losses import explained_variance
-from marl_cli.critics.replay import Transition
 from marl_cli.critics.value_model import ValueModel
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.distributed import World
 from tests.critics.test_value_model import float64_value_model
 from tests.precision import after_adam, assert_rounding_close, rounding
-from tests.training.test_distributed import _in_two_processes
+from tests.training.rows.test_distributed import _in_two_processes
 
 TERMS = 1000
 """An upper bound on the terms any value or gradient entry here accumulates (≤ 12 positions × widths ≤ 64)."""

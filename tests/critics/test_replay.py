@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from marl_cli.critics.replay import ReplayBuffer, Transition
+from marl_cli.algorithms.values import Transition
+from marl_cli.critics.replay import ReplayBuffer
 
 
 def _transition(step: int, done: bool = False) -> Transition:

@@ -10,7 +10,7 @@ from marl_cli.config.schema import CodeConfig, CodeSourceConfig, SandboxConfig, 
 from marl_cli.envs import code_data
 from marl_cli.envs.code import CodeEnv
 from marl_cli.sandbox import Sandbox
-from marl_cli.workflows.code_test import CodeTestWorkflow
+from marl_cli.workflows.coder_tester import CodeTestWorkflow
 
 HUMANEVAL = [
     {"task_id": "HumanEval/0", "entry_point": "add", "prompt": 'def add(a, b):\n    """Return a + b."""\n',

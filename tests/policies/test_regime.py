@@ -10,12 +10,12 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig, PolicyConfig, TrainerConfig
+from marl_cli.core.samples import Sample
 from marl_cli.policies.loading import load_model
 from marl_cli.policies.regime import attach_adapters, attach_all_adapters, build_policies, routing
 from marl_cli.policies.roles import LORA_BASE, assign_roles, lora_bases
-from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import resolve_device
-from marl_cli.training.policy_trainer import PolicyTrainer
+from marl_cli.training.learner.policy_trainer import PolicyTrainer
 from tests.policies.test_tiny import SMALL
 
 ROLES = ["tool", "plan"]

@@ -6,11 +6,11 @@ import torch
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import ModelConfig, PlanPathConfig, SandboxConfig, WorkflowConfig
+from marl_cli.core.samples import Sample
 from marl_cli.envs.plan_path import PlanPathEnv
 from marl_cli.policies.regime import build_policies
 from marl_cli.rollout.engine import Rollout, rollout_metrics, row_metrics, select
 from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
-from marl_cli.rollout.samples import Sample
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows.single_agent import SingleAgentWorkflow
 from marl_cli.workflows.tool_plan import ToolPlanWorkflow

@@ -16,12 +16,12 @@ import torch
 from safetensors.torch import load_file
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.core.samples import Sample
 from marl_cli.policies.roles import LORA_BASE
 from marl_cli.rollout.generation import HFGenerator, Sampling, _warpers, encode_prompts
-from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import build_run
+from marl_cli.training.learner.policy_trainer import PolicyTrainer
 from marl_cli.training.loop import train
-from marl_cli.training.policy_trainer import PolicyTrainer
 from tests.helpers import FAST, cli, torchrun, train_config
 
 pytest.importorskip("vllm")

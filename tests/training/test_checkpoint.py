@@ -5,6 +5,7 @@ import json
 import logging
 
 import pytest
+import torch
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_overrides
@@ -86,3 +87,23 @@ def test_pruning_never_removes_the_saved_checkpoint_nor_newer_ones(tmp_path):
 def test_save_total_limit_below_one_is_refused():
     with pytest.raises(ConfigError, match="trainer.save_total_limit=0: must be >= 1"):
         check_overrides("train", ["trainer.save_total_limit=0"])
+
+
+def test_a_checkpoint_pickled_before_the_row_type_moved_loads(tmp_path, monkeypatch):
+    """``state.pt`` of a run saved when ``Sample`` lived in ``marl_cli.rollout.samples`` (rows in flight, replay
+    buffers) loads with today's class."""
+    import sys
+    import types
+
+    from marl_cli.core.samples import Sample
+    from marl_cli.training.checkpoint import load_state
+
+    old = types.ModuleType("marl_cli.rollout.samples")
+    old.Sample = Sample
+    monkeypatch.setitem(sys.modules, "marl_cli.rollout.samples", old)
+    monkeypatch.setattr(Sample, "__module__", "marl_cli.rollout.samples")
+    torch.save({"in_flight": [Sample(3, 0, 0, "solver", "shared", [1, 2], [3], 1.0)]}, tmp_path / "state.pt")
+    monkeypatch.undo()
+    assert b"marl_cli.rollout.samples" in (tmp_path / "state.pt").read_bytes()
+    row = load_state(tmp_path)["in_flight"][0]
+    assert type(row) is Sample and (row.task, row.reward) == (3, 1.0)

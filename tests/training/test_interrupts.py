@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from marl_cli.training import policy_trainer
+from marl_cli.training.learner import policy_trainer
 from marl_cli.training.loop import train
 from tests.helpers import FAST, train_config
 

@@ -13,11 +13,11 @@ from transformers.utils import logging as hf_logging
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.paths import config_dir
+from marl_cli.core.world import World
 from marl_cli.plugins import register_configs
 from marl_cli.policies.regime import build_policies
 from marl_cli.policies.roles import assign_roles
 from marl_cli.training.build import build_run, build_team, placement
-from marl_cli.training.distributed import World
 from marl_cli.training.hooks import step_line
 from marl_cli.training.loop import train
 from marl_cli.training.warmstart import cached_warm_start, warm_start_all

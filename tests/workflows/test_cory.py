@@ -22,7 +22,7 @@ from marl_cli.training.loop import train
 from marl_cli.workflows.cory import CoryConfig, CoryWorkflow
 from tests.envs.test_plan_path import GRID
 from tests.helpers import FAST, SMALL, ScriptedGenerator, train_config
-from tests.workflows.test_code_test import MINUS, RIGHT, SUM
+from tests.workflows.test_coder_tester import MINUS, RIGHT, SUM
 
 PROMPTS = dict(OmegaConf.load(config_dir() / "workflow" / "cory.yaml").prompts)
 QUESTION = MathTask("What is 2 + 3?", "5")

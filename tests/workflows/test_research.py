@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 from marl_cli.algorithms.mgrpo import mgrpo_advantages
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ResearchConfig, ResearchWorkflowConfig
+from marl_cli.core.samples import Sample
 from marl_cli.envs.research import ResearchEnv
 from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Sampling
-from marl_cli.rollout.samples import Sample
 from marl_cli.workflows.research import DeepResearchWorkflow, SoloResearchWorkflow, parse_action
 from tests.helpers import ScriptedGenerator
 

@@ -1,6 +1,6 @@
 """What a value model is to a config: its kind (``critic.name``: none, token, utterance), the level of value it
 scores, and the rules between it and the algorithm that reads it. The critic itself (its model, optimiser, target
-network and replay buffer) is ``marl_cli.critics``; the loop runs it (``training.critic_phase``).
+network and replay buffer) is ``marl_cli.critics``; the loop runs it (``critics.phase``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,6 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
 from marl_cli.config.schema import CriticConfig, ModelConfig
 from marl_cli.config.team import MODEL_KEYS, merged
-
-REPLAY_KEYS = ("tau", "replay_capacity", "replay_batch_size", "updates_per_step")
-"""The critic settings of ArCHer's off-policy critic (target networks, replay buffer) only."""
-ON_POLICY_KEYS = ("epochs", "value_clip")
-"""The critic settings of the on-policy critics (ppo, marft: regression to this step's returns) only."""
 
 
 @dataclass(frozen=True)
@@ -37,8 +32,10 @@ def check_critic(cfg: Any) -> None:
     algorithm uses."""
     algorithm, kind = ALGORITHMS.get(cfg.algorithm.name), CRITICS.get(cfg.critic.name)
     if algorithm.critic is None and kind.level is not None:
+        readers = ", ".join(f"{name} (critic={ALGORITHMS.get(name).critic})" for name in ALGORITHMS.names()
+                            if ALGORITHMS.get(name).critic)
         raise ConfigError(f"critic={cfg.critic.name}: algorithm={cfg.algorithm.name} is critic-free; a value model is "
-                          "read by algorithm=ppo (critic=token), marft or archer (critic=utterance)")
+                          f"read by algorithm={readers}")
     if algorithm.critic != kind.level:
         raise ConfigError(f"algorithm={cfg.algorithm.name} learns a {algorithm.critic}-level value model: "
                           f"{'add' if kind.level is None else 'use'} critic={algorithm.critic}")
@@ -47,7 +44,7 @@ def check_critic(cfg: Any) -> None:
     if kind.level is None:
         unused = tuple(key for key in cfg.critic if key != "name")
     else:
-        unused = REPLAY_KEYS if cfg.algorithm.name != "archer" else ON_POLICY_KEYS
+        unused = tuple(key for key in declared_settings() if key not in algorithm.values.settings)
     for key in unused:
         if cfg.critic[key] != getattr(defaults, key):
             raise ConfigError(f"critic.{key}={cfg.critic[key]} is not used by algorithm={cfg.algorithm.name}"
@@ -57,6 +54,15 @@ def check_critic(cfg: Any) -> None:
     if kind.level is not None and cfg.critic.warmup_steps >= cfg.trainer.steps > 0:
         raise ConfigError(f"critic.warmup_steps={cfg.critic.warmup_steps}: the policies would never train in "
                           f"trainer.steps={cfg.trainer.steps}")
+
+
+def declared_settings() -> list[str]:
+    """The ``critic.*`` keys some algorithm declares it reads (``ValueLearning.settings``), in the order declared."""
+    keys: dict[str, None] = {}
+    for name in ALGORITHMS.names():
+        values = ALGORITHMS.get(name).values
+        keys.update(dict.fromkeys(values.settings if values else ()))
+    return list(keys)
 
 
 def check_shared_trunk(cfg: Any) -> None:

@@ -31,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers.cache_utils import Cache
 
-from marl_cli.training.distributed import World
+from marl_cli.core.world import World
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

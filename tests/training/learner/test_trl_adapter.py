@@ -1,4 +1,4 @@
-"""The adapter to TRL's GRPOTrainer (``training/trl_adapter.py``): what it passes to TRL, what it sets on TRL's
+"""The adapter to TRL's GRPOTrainer (``training/learner/trl_adapter.py``): what it passes to TRL, what it sets on TRL's
 trainer, and that each of its operations is TRL's own."""
 
 import pytest
@@ -7,11 +7,11 @@ from omegaconf import OmegaConf
 from trl import GRPOTrainer
 
 from marl_cli.config.schema import ModelConfig, TrainerConfig
+from marl_cli.core.samples import Sample
+from marl_cli.core.world import World
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.distributed import World
-from marl_cli.training.policy_trainer import collate
-from marl_cli.training.trl_adapter import (
+from marl_cli.training.learner.policy_trainer import collate
+from marl_cli.training.learner.trl_adapter import (
     CLIPPED_LOSSES,
     OWN_METRICS,
     GRPOAdapter,

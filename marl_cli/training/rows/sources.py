@@ -3,8 +3,8 @@
 Every source answers ``rows(step, rng) -> (samples, rollouts per task or None, metrics)`` and hears the fit
 loop's other points (``start`` on a fresh run, ``after_update``, ``in_flight`` and ``saved`` around a checkpoint,
 ``restored``, ``finish``, ``close``), so the fit loop never branches on where rows come from: ``AsyncRows`` plays
-them on a rollout worker process ahead of the learner (``trainer.max_staleness``, ``training/rollout_worker.py``);
-the decoupled M-GRPO exchange (``training/decoupled.py``) lives in ``MainRows`` (rollouts that meet the sub
+them on a rollout worker process ahead of the learner (``trainer.max_staleness``, ``training/rows/rollout_worker.py``);
+the decoupled M-GRPO exchange (``training/rows/decoupled.py``) lives in ``MainRows`` (rollouts that meet the sub
 trainer's weights and hand it their sub-trajectories) and ``StoreRows`` (the sub trainer's rows, read from the
 store). ``row_source`` picks the source of a run.
 """
@@ -16,13 +16,13 @@ import time
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import Policy
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics, row_metrics
-from marl_cli.rollout.samples import Sample
 from marl_cli.training.build import Run
-from marl_cli.training.decoupled import Exchange
-from marl_cli.training.distributed import gathered
-from marl_cli.training.rollout_worker import Played, RolloutWorker, step_tasks
+from marl_cli.training.rows.decoupled import Exchange
+from marl_cli.training.rows.distributed import gathered
+from marl_cli.training.rows.rollout_worker import Played, RolloutWorker, step_tasks
 
 Rows = tuple[list[Sample], dict[int, list[int]] | None, dict[str, float]]
 
@@ -101,7 +101,7 @@ class RolloutRows:
 class AsyncRows(RolloutRows):
     """Rollouts played ahead by a rollout worker process (``trainer.max_staleness`` > 0): step s from the
     weights after update max(0, s − 1 − k), while the learner trains the steps before it
-    (``training/rollout_worker.py``). A checkpoint holds the steps played ahead, so a resume is exact."""
+    (``training/rows/rollout_worker.py``). A checkpoint holds the steps played ahead, so a resume is exact."""
 
     def __init__(self, run: Run):
         super().__init__(run)

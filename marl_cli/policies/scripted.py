@@ -13,7 +13,7 @@ format; where it has none, an empty answer, which scores as the row's format fai
 ``format_failure`` rate counts those turns) and ``empty`` (always answers nothing: a partner that never helps). A
 plug-in (a module in ``MARL_PLUGINS`` or the ``marl.plugins`` entry points) registers its own::
 
-    from marl_cli.rollout.scripted import ACTORS
+    from marl_cli.policies.scripted import ACTORS
 
     @ACTORS.register("always_right")
     def always_right(workflow, role, state):

@@ -20,11 +20,11 @@ from trl.trainer import utils as trl_utils
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig, TrainerConfig
 from marl_cli.config.validate import _check_processes
+from marl_cli.core.samples import Sample
+from marl_cli.core.world import World, init_from_launcher
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.samples import Sample
-from marl_cli.training import sharding as sharding_module
-from marl_cli.training.distributed import World, init_from_launcher
-from marl_cli.training.policy_trainer import PolicyTrainer, loss_weight, mini_batches
+from marl_cli.training.learner import sharding as sharding_module
+from marl_cli.training.learner.policy_trainer import PolicyTrainer, loss_weight, mini_batches
 from tests.helpers import FAST, free_port, torchrun, train_config
 from tests.policies.test_tiny import SMALL
 from tests.precision import Float64LogProbs, after_adam, rounding, to_float64

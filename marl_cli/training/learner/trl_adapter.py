@@ -18,7 +18,7 @@ transformers 5.24 and accelerate 1.15. What marl relies on, by name:
   ``backward``), ``epsilon_low``/``epsilon_high`` (the clip range), ``_metrics["train"]`` (the loss's metrics,
   drained every step), ``args.temperature`` and ``args.cast_lm_head_to_fp32`` (the reference's fused head);
 - read with its graph: the entropies ``_get_per_token_logps_and_entropies`` returns in the loss's forward (EPO's
-  terms are added to TRL's loss, ``training/epo.py``);
+  terms are added to TRL's loss, ``losses/epo.py``);
 - read and restored: ``entropy_coef`` and ``_last_world_entropy`` (the adaptive entropy controller's state, which
   TRL's own checkpoints hold as ``entropy_ctrl_state.json``; marl's hold it with the optimiser's);
 - called besides the loss: ``get_off_policy_mask`` (the share of tokens the off-policy mask drops, a metric);
@@ -45,13 +45,11 @@ from typing import Any
 import torch
 
 from marl_cli.config.schema import CLIPPED_LOSSES
+from marl_cli.core.world import World
 from marl_cli.rollout.prefix import keeping_cache, shared_prompt_cache
-from marl_cli.training.distributed import World
-from marl_cli.training.sharding import regathered_prompt
-from marl_cli.training.trl_args import GRPOConfig, GRPOTrainer, add_fused_lm_head, checkpointing_off
+from marl_cli.training.learner.sharding import regathered_prompt
+from marl_cli.training.learner.trl_args import GRPOConfig, GRPOTrainer, add_fused_lm_head, checkpointing_off
 
-TRL_VERSIONS = ">=1.16.0,<1.17"
-"""The TRL releases this adapter was checked against (pyproject.toml pins 1.16.0)."""
 OWN_METRICS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
                "clip_ratio/low_min", "clip_ratio/high_max")
 """TRL's metrics of the loss forward that marl computes itself over every row (TRL's see the trained rows only)."""

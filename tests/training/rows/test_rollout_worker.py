@@ -15,13 +15,13 @@ import torch
 from safetensors.torch import load_file
 
 from marl_cli.config.errors import RunError
-from marl_cli.rollout.samples import Sample
-from marl_cli.training import policy_trainer
+from marl_cli.core.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.hooks import Hook
+from marl_cli.training.learner import policy_trainer
 from marl_cli.training.loop import Trainer, staleness_metrics, train
-from marl_cli.training.rollout_worker import RolloutWorker, policy_version, step_seed, step_tasks
-from marl_cli.training.rows import AsyncRows, RolloutRows, row_source
+from marl_cli.training.rows.rollout_worker import RolloutWorker, policy_version, step_seed, step_tasks
+from marl_cli.training.rows.sources import AsyncRows, RolloutRows, row_source
 from tests.helpers import FAST, SMALL, marl, torch_threads, train_config
 
 WARM = ["trainer.warmstart.enabled=true", "trainer.warmstart.num_examples=400", "trainer.warmstart.batch_size=16",
@@ -218,7 +218,7 @@ def _two_processes_async(tmp: str, world) -> dict:
 
 
 def test_two_processes_each_run_a_worker_for_their_share_and_resume(tmp_path):
-    from tests.training.test_distributed import _in_two_processes
+    from tests.training.rows.test_distributed import _in_two_processes
 
     out = _in_two_processes(_two_processes_async, tmp_path)
     assert out["summary"]["status"] == "completed"

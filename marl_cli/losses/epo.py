@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from marl_cli.algorithms.grpo import role_episodes
-from marl_cli.rollout.samples import Sample
+from marl_cli.core.samples import Sample
 
 
 def corridor_penalty(entropies: torch.Tensor, reference: float, low: float, high: float) -> torch.Tensor:

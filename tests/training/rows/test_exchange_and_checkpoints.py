@@ -10,11 +10,11 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig, StoreConfig
+from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.samples import Sample
 from marl_cli.store import build_store
 from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
-from marl_cli.training.decoupled import KEEP_VERSIONS, Exchange
+from marl_cli.training.rows.decoupled import KEEP_VERSIONS, Exchange
 from tests.policies.test_tiny import SMALL
 
 

@@ -9,10 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import ModelConfig, TrainerConfig
+from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import build_policies
 from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.policy_trainer import PolicyTrainer, collate
+from marl_cli.training.learner.policy_trainer import PolicyTrainer, collate
 from tests.policies.test_tiny import SMALL
 from tests.precision import assert_rounding_close, eps, to_float64
 

@@ -14,8 +14,8 @@ from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Sampling
 from marl_cli.store import build_store
 from marl_cli.training.build import Run, build_team
-from marl_cli.training.decoupled import Exchange
-from marl_cli.training.rows import MainRows, RolloutRows, StoreRows, row_source
+from marl_cli.training.rows.decoupled import Exchange
+from marl_cli.training.rows.sources import MainRows, RolloutRows, StoreRows, row_source
 from tests.helpers import FAST, ScriptedGenerator, train_config
 
 TASKS_PER_STEP = 2

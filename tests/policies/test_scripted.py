@@ -9,9 +9,9 @@ import pytest
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.validate import check_overrides
 from marl_cli.plugins import register_configs
+from marl_cli.policies.scripted import ACTORS, NoTokens, scripted_actor, scripted_routing
 from marl_cli.rollout.engine import Rollout, rollout_metrics
 from marl_cli.rollout.generation import Sampling
-from marl_cli.rollout.scripted import ACTORS, NoTokens, scripted_actor, scripted_routing
 from marl_cli.tracking.completions import completion_records
 from tests.helpers import ScriptedGenerator
 from tests.rollout.test_engine import _names, _plan_answer, _tool_plan

@@ -1,4 +1,4 @@
-"""EPO's entropy terms (``training/epo.py``): the corridor penalty, the smoothing schedule and the trajectory mean
+"""EPO's entropy terms (``losses/epo.py``): the corridor penalty, the smoothing schedule and the trajectory mean
 against hand-computed values; the update adds −λ·[L_H − β_k·L_smooth] to TRL's loss, its penalty has a gradient, the
 history is the steps' token-mean entropies and survives a checkpoint."""
 
@@ -11,12 +11,12 @@ import torch
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import TrainerConfig
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.epo import EPO, corridor_penalty, smoothing_weight, trajectory_mean, trajectory_weights
-from marl_cli.training.policy_trainer import PolicyTrainer, collate
+from marl_cli.core.samples import Sample
+from marl_cli.losses.epo import EPO, corridor_penalty, smoothing_weight, trajectory_mean, trajectory_weights
+from marl_cli.training.learner.policy_trainer import PolicyTrainer, collate
 from tests.precision import assert_rounding_close, to_float64
-from tests.training.test_loss_knobs import _policy
-from tests.training.test_policy_trainer import TERMS
+from tests.training.learner.test_loss_knobs import _policy
+from tests.training.learner.test_policy_trainer import TERMS
 
 
 def _cfg(**kw):

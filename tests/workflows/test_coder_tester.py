@@ -15,7 +15,7 @@ from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Generation, Sampling
 from marl_cli.sandbox import Sandbox
 from marl_cli.workflows import build_workflow
-from marl_cli.workflows.code_test import CodeTestWorkflow, format_tests, parse_tests
+from marl_cli.workflows.coder_tester import CodeTestWorkflow, format_tests, parse_tests
 from marl_cli.workflows.single_agent import SingleAgentWorkflow
 
 register_configs()

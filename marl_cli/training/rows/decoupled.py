@@ -7,7 +7,7 @@ count); a step already in the store (a restarted main) is not written again. Bef
 loads the sub policy's newest published weights, waiting until they are at least version s − 1 − k
 (``trainer.max_staleness=k``; 0: the sub trainer has trained on every earlier step). The sub rows record the
 version they were sampled from (``Sample.policy_version``), so the sub trainer's rows are at most k updates
-old: the same bound, per row, as the rollout worker's (``training/rollout_worker.py``).
+old: the same bound, per row, as the rollout worker's (``training/rows/rollout_worker.py``).
 
 ``trainer.role=sub`` takes the steps in order: waits for ``step/<s>``, reads the stream's items its
 consumer has not acknowledged, recomputes their rewards (the workflow's sub reward), aligns them
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
+from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import Policy
-from marl_cli.rollout.samples import Sample
 from marl_cli.store import Store
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The per-policy update, delegated to TRL's GRPOTrainer (only ever through ``training/trl_adapter.py``).
+"""The per-policy update, delegated to TRL's GRPOTrainer (only ever through ``training/learner/trl_adapter.py``).
 
 marl produces its own rollouts and advantages, so it uses TRL's trainer for what TRL owns: the
 clipped policy loss (``loss_type``, ``epsilon``, ``beta`` and the other knobs, ``trl_adapter.LOSS_KNOBS``), the
@@ -15,7 +15,7 @@ mini-batch's normaliser, so the update is the full mini-batch's (every row runs 
 an entropy bonus, a top-entropy quantile). Rows that share a prompt run it through the model once, in the
 scoring and in the loss (``shared_prompt_forward``). A bf16/fp16 policy trains with
 fp32 master weights and optimiser state under autocast; ``trainer.sharding=fsdp2`` splits the learner across
-the processes (``training/sharding.py``). Every step reports what RL researchers look
+the processes (``training/learner/sharding.py``). Every step reports what RL researchers look
 at: the sampler-vs-learner log-prob gap, entropy, KL to the old policy and to the reference, clip
 fractions and advantage statistics.
 """
@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
+from marl_cli.core.padding import pad_rows
+from marl_cli.core.samples import Sample
+from marl_cli.core.world import World
+from marl_cli.losses.epo import EPO, trajectory_weights
 from marl_cli.policies.regime import Policy
-from marl_cli.rollout.padding import pad_rows
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.distributed import World
-from marl_cli.training.epo import EPO, trajectory_weights
-from marl_cli.training.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
-from marl_cli.training.trl_adapter import (
+from marl_cli.training.learner.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
+from marl_cli.training.learner.trl_adapter import (
     LOSS_MASK,
     GRPOAdapter,
     add_sampler_logps,

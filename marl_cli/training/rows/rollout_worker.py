@@ -273,7 +273,8 @@ class _Worker:
         """This rank's share of step ``step``'s tasks, from its own seed."""
         import torch
 
-        from marl_cli.training.distributed import World, renumbered
+        from marl_cli.core.world import World
+        from marl_cli.training.rows.distributed import renumbered
 
         t0 = time.perf_counter()
         cfg, rollout, spec = self.cfg, self.rollout, self.spec

@@ -8,11 +8,11 @@ from omegaconf import OmegaConf
 from trl import GRPOTrainer
 
 from marl_cli.config.schema import ModelConfig, PolicyConfig, TrainerConfig
+from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import attach_adapters, build_policies
 from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout import prefix
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.policy_trainer import PolicyTrainer, collate
+from marl_cli.training.learner.policy_trainer import PolicyTrainer, collate
 from tests.policies.test_tiny import SMALL
 from tests.precision import after_adam, assert_rounding_close, rounding, to_float64
 
@@ -259,7 +259,7 @@ def test_the_loss_through_a_shared_prompt_has_trls_gradient(policy, tmp_path, mo
     grads = {}
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr("marl_cli.training.trl_adapter.shared_prompt_forward", lambda *a, **k: None)
+            monkeypatch.setattr("marl_cli.training.learner.trl_adapter.shared_prompt_forward", lambda *a, **k: None)
         t.model.train()
         t.model.zero_grad()
         t.grpo.loss(t.model, batch).backward()
@@ -294,7 +294,7 @@ def test_under_gradient_checkpointing_a_shared_prompt_runs_once_with_trls_gradie
     grads = {}
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr("marl_cli.training.trl_adapter.shared_prompt_forward", lambda *a, **k: None)
+            monkeypatch.setattr("marl_cli.training.learner.trl_adapter.shared_prompt_forward", lambda *a, **k: None)
         t.model.zero_grad()
         t.grpo.loss(t.model, batch).backward()
         grads[shared] = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}

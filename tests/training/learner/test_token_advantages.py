@@ -7,14 +7,14 @@ import torch
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import ModelConfig, TrainerConfig
+from marl_cli.core.samples import Sample
+from marl_cli.core.world import World
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.distributed import World
-from marl_cli.training.policy_trainer import collate, with_gradient
-from marl_cli.training.trl_adapter import GRPOAdapter, grpo_args
+from marl_cli.training.learner.policy_trainer import collate, with_gradient
+from marl_cli.training.learner.trl_adapter import GRPOAdapter, grpo_args
 from tests.policies.test_tiny import SMALL
 from tests.precision import assert_rounding_close, rounding, to_float64
-from tests.training.test_policy_trainer import TERMS
+from tests.training.learner.test_policy_trainer import TERMS
 
 COMPLETIONS = [[20, 21, 22, 1], [23, 24], [25, 26, 27]]
 TOKEN_ADVANTAGES = [[1.0, 0.5, -0.25, 2.0], [], [-1.0, 0.0, 3.0]]

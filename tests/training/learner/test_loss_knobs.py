@@ -15,14 +15,14 @@ from omegaconf import OmegaConf
 from trl import GRPOConfig, GRPOTrainer
 
 from marl_cli.config.schema import ModelConfig, TrainerConfig
+from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import build_policies
-from marl_cli.rollout.samples import Sample
-from marl_cli.training.policy_trainer import PolicyTrainer, collate, reads_whole_batch, with_gradient
-from marl_cli.training.trl_adapter import LOSS_KNOBS, LOSS_MASK, grpo_args, importance_ratio
-from marl_cli.training.trl_args import checkpointing_off
+from marl_cli.training.learner.policy_trainer import PolicyTrainer, collate, reads_whole_batch, with_gradient
+from marl_cli.training.learner.trl_adapter import LOSS_KNOBS, LOSS_MASK, grpo_args, importance_ratio
+from marl_cli.training.learner.trl_args import checkpointing_off
 from tests.policies.test_tiny import SMALL
 from tests.precision import after_adam, assert_rounding_close, to_float64
-from tests.training.test_policy_trainer import TERMS, _mixed_rows
+from tests.training.learner.test_policy_trainer import TERMS, _mixed_rows
 
 KNOBS = {"importance_sampling_level": "sequence", "delta": 4.0, "entropy_coef": 0.01, "use_adaptive_entropy": True,
          "entropy_target": 0.3, "entropy_coef_delta": 0.002, "entropy_coef_min": 0.001, "entropy_coef_max": 0.2,
@@ -297,8 +297,8 @@ def test_a_rank_padded_with_copies_has_the_gradient_of_its_own_rows_under_a_kl_p
     """A rank with fewer rows than the others runs copies of its first row with advantage 0; with β > 0 their KL terms
     would add gradient, so they leave the loss mask: loss × weight is that of the rank's own rows alone. In float64
     (``tests/precision.py``): the two batches have other sizes, so their sums run in other orders."""
-    from marl_cli.training.distributed import World
-    from marl_cli.training.policy_trainer import loss_weight, select_rows
+    from marl_cli.core.world import World
+    from marl_cli.training.learner.policy_trainer import loss_weight, select_rows
 
     trainer = _trainer(to_float64(_policy(tmp_path), monkeypatch), tmp_path, beta=0.1, loss_type=loss_type)
     rows = _rows(finished=(True,) * 4)

@@ -1,20 +1,15 @@
-"""Data-parallel training across processes (``torchrun`` / ``accelerate launch``): who this process is,
-and the few collectives the loop needs.
+"""Who this process is among a run's processes (``torchrun`` / ``accelerate launch``) and the collectives every layer
+uses: joining the launcher's process group, the rank and size, gathering and broadcasting objects and tensors.
 
-Every rank holds every policy (under ``trainer.sharding=fsdp2`` a whole copy to act with, the learner split
-across the ranks: ``training/sharding.py``). A step's tasks are dealt to the ranks (a task's K rollouts stay on
-one rank, so groups stay whole), the rows are gathered so every rank holds the step's full table,
-and each policy's update is data-parallel: every mini-batch is split across the ranks, each rank's
-loss is weighted by its share of the mini-batch, and the gradients are averaged before the
-optimiser step, so the ranks' weights stay identical and the update equals one process's on the same
-rows. Rank 0 alone writes metrics, summaries, samples and checkpoints.
+Every rank holds every policy and the step's full table of rows; rank 0 alone writes metrics, summaries, samples and
+checkpoints (``World.main``). How a step's work is dealt to the ranks is ``training/rows/distributed.py``.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -22,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from marl_cli.config.launch import launched_world_size
-from marl_cli.rollout.engine import RolloutResult
 
 T = TypeVar("T")
 
@@ -119,26 +113,3 @@ class World:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad.div_(self.size)
 
-
-def play_shared(world: World, tasks: Sequence[Any], play: Callable[[list[Any]], RolloutResult]) -> RolloutResult:
-    """``play`` this rank's share of ``tasks`` and gather every rank's episodes and rows, task indices
-    renumbered to ``tasks``' (every rank returns the same result; one process plays them all)."""
-    return gathered(world, renumbered(world, play(world.share(tasks))))
-
-
-def renumbered(world: World, part: RolloutResult) -> RolloutResult:
-    """This rank's ``part`` (played from ``world.share(tasks)``) with task indices renumbered to ``tasks``'."""
-    if world.size > 1:
-        for item in (*part.episodes, *part.samples):
-            item.task = world.global_index(item.task)
-    return part
-
-
-def gathered(world: World, part: RolloutResult) -> RolloutResult:
-    """Every rank's ``part`` (renumbered) as one result, the same on every rank."""
-    if world.size == 1:
-        return part
-    parts = world.gather(part)
-    return RolloutResult([s for p in parts for s in p.samples],
-                         sorted((e for p in parts for e in p.episodes), key=lambda e: (e.task, e.branch)),
-                         sum(p.generate_calls for p in parts))

@@ -5,7 +5,7 @@ import warnings
 import pytest
 from trl import GRPOConfig, SFTConfig
 
-from marl_cli.training.trl_args import VLLM_VERSION_WARNING, checkpointing_off, vllm_warning_once
+from marl_cli.training.learner.trl_args import VLLM_VERSION_WARNING, checkpointing_off, vllm_warning_once
 
 
 @pytest.mark.parametrize("config", [GRPOConfig, SFTConfig])

@@ -1,0 +1,1 @@
+"""Loss terms added to TRL's policy loss (EPO's entropy terms)."""
