@@ -114,7 +114,7 @@ def test_a_config_error_the_starting_recipe_causes_says_how_to_opt_out(monkeypat
     monkeypatch.setattr("marl_cli.cli.first_run.RECIPES", recipes)
     out = cli("train", "env=sudoku")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert out.stderr.startswith("marl train: error: env.block_prob: no such key")
+    assert out.stderr.startswith("marl train: error: env.block_prob is a setting of env=plan_path, not of env=sudoku")
     assert out.stderr.rstrip().endswith("(marl train started from experiment=embedded; add experiment=null to start "
                                         "from the bare group defaults)")
     typo = cli("train", "env=sudoku", "trainer.steps=x")  # fails without the recipe too: no hint
