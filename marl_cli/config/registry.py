@@ -109,6 +109,11 @@ def registries() -> list[Registry[Any]]:
     return list(_REGISTRIES.values())
 
 
+def schema_of(group: str, name: str) -> type | None:
+    """The schema the plug-in ``name`` of config group ``group`` registered (None: none, or no such plug-in)."""
+    return next((r.schemas.get(name) for r in registries() if r.group == group), None)
+
+
 def import_modules(package: str, path: list[str]) -> None:
     """Import every module of ``package`` (whose ``__path__`` is ``path``), so each registers its plug-ins."""
     for module in pkgutil.iter_modules(path):

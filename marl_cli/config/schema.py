@@ -11,7 +11,7 @@ starts.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -21,9 +21,24 @@ from omegaconf import MISSING, OmegaConf
 from marl_cli.config.registry import registries
 
 
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
-    """A field whose value must be ``>= ge``, ``> gt`` and ``<= le`` (None: no bound; a None value is never checked)."""
-    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le})
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            per_policy: bool = False, trl: str | None = None) -> Any:
+    """A field whose value must be ``>= ge``, ``> gt`` and ``<= le`` (None: no bound; a None value is never checked),
+    marked as ``reads`` says."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, **reads(per_policy=per_policy, trl=trl)})
+
+
+def reads(*, per_policy: bool = False, trl: str | None = None) -> dict[str, Any]:
+    """Who reads a trainer key, as field metadata (``field(default=..., metadata=reads(...))`` for a key without
+    bounds): ``per_policy``, a policy may change it (``policy.trainers.<policy>.<key>``); ``trl``, it goes to TRL's
+    ``GRPOConfig`` under its own name, as an ``update`` setting (optimiser, schedule, clip) or a ``loss`` knob read by
+    TRL's ``compute_loss``. ``marked`` lists them: the one list of each."""
+    return {"per_policy": per_policy, "trl": trl}
+
+
+def marked(schema: type, flag: str, value: Any = True) -> tuple[str, ...]:
+    """The keys of ``schema`` whose ``bounded`` field sets ``flag`` to ``value``, in the schema's order."""
+    return tuple(f.name for f in fields(schema) if f.metadata.get(flag) == value)
 
 
 def choices(name: str, *values: str, module: str = __name__) -> type[StrEnum]:
@@ -265,6 +280,14 @@ class CreditConfig:
 
 
 @dataclass
+class LossConfig:
+    """A term added to TRL's policy loss: none, or a registered one (loss=epo) with its settings; a policy changes
+    them with ``policy.trainers.<policy>.loss.<key>``."""
+
+    name: str = MISSING  # the registered loss term: none | epo (set by the option)
+
+
+@dataclass
 class CriticConfig:
     """A learned value model that the value-based algorithms (ppo, marft, archer) read: none (critic-free), token
     (V(s_t) at every completion token: PPO) or utterance (V of the state a turn starts in, and ArCHer's Q of the
@@ -279,7 +302,7 @@ class CriticConfig:
     # the value head on its policy's own model instead of a copy: the critic's regression also trains the policy's
     # trunk (with the critic's own optimiser, after the policy's step); full-model policies, scope=policy
     share_trunk: bool = False
-    learning_rate: float = bounded(1e-5, gt=0.0)  # the critic's AdamW learning rate
+    learning_rate: float = bounded(1e-5, gt=0.0, per_policy=True, trl="update")  # the critic's AdamW learning rate
     weight_decay: float = bounded(0.0, ge=0.0)  # the critic's AdamW weight decay
     max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
     mini_batch_size: int = bounded(64, ge=1)  # rows per critic gradient step
@@ -408,51 +431,58 @@ class TrainerConfig:
     """The RL update (passed through to TRL's GRPO loss and optimiser) and the step schedule."""
 
     steps: int = bounded(50, ge=0)  # RL steps; 0: warm start (and evals) only
-    learning_rate: float = bounded(1e-5, gt=0.0)  # RL learning rate (AdamW)
-    lr_scheduler_type: SchedulerType = SchedulerType.constant  # RL learning-rate schedule over `steps`
-    warmup_steps: int = bounded(0, ge=0)  # optimiser steps of linear warm-up
-    weight_decay: float = bounded(0.0, ge=0.0)  # AdamW weight decay
-    max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
-    loss_type: LossType = LossType.grpo  # TRL's loss formulation (GRPOConfig.loss_type)
-    epsilon: float = bounded(0.2, ge=0.0)  # PPO clip range below (and above, unless epsilon_high)
-    epsilon_high: float | None = bounded(None, ge=0.0)  # PPO clip range above; null: epsilon
-    beta: float = bounded(0.0, ge=0.0)  # KL penalty against the reference (the policy at RL start); 0: none
+    learning_rate: float = bounded(1e-5, gt=0.0, per_policy=True, trl="update")  # RL learning rate (AdamW)
+    # RL learning-rate schedule over `steps`
+    lr_scheduler_type: SchedulerType = field(default=SchedulerType.constant,
+                                             metadata=reads(per_policy=True, trl="update"))
+    warmup_steps: int = bounded(0, ge=0, per_policy=True, trl="update")  # optimiser steps of linear warm-up
+    weight_decay: float = bounded(0.0, ge=0.0, per_policy=True, trl="update")  # AdamW weight decay
+    max_grad_norm: float = bounded(1.0, ge=0.0, per_policy=True, trl="update")  # 0: no clipping
+    # TRL's loss formulation (GRPOConfig.loss_type)
+    loss_type: LossType = field(default=LossType.grpo, metadata=reads(per_policy=True, trl="update"))
+    # PPO clip range below (and above, unless epsilon_high)
+    epsilon: float = bounded(0.2, ge=0.0, per_policy=True, trl="update")
+    # PPO clip range above; null: epsilon
+    epsilon_high: float | None = bounded(None, ge=0.0, per_policy=True, trl="update")
+    # KL penalty against the reference (the policy at RL start); 0: none
+    beta: float = bounded(0.0, ge=0.0, per_policy=True)
     # the PPO ratio per token, or per sequence (GSPO: exp of the mean token log-ratio; with loss_type grpo or luspo)
-    importance_sampling_level: ISLevel = ISLevel.token
-    delta: float | None = bounded(None, gt=1.0)  # two-sided clip (INTELLECT-2): ratios capped at delta; null: off
-    entropy_coef: float = bounded(0.0, ge=0.0)  # entropy bonus: loss − entropy_coef × mean token entropy; 0: none
+    importance_sampling_level: ISLevel = field(default=ISLevel.token, metadata=reads(per_policy=True, trl="loss"))
+    # two-sided clip (INTELLECT-2): ratios capped at delta; null: off
+    delta: float | None = bounded(None, gt=1.0, per_policy=True, trl="loss")
+    # entropy bonus: loss − entropy_coef × mean token entropy; 0: none
+    entropy_coef: float = bounded(0.0, ge=0.0, per_policy=True, trl="loss")
     # Skywork-OR1's adaptive entropy bonus: entropy_coef starts there, moves by entropy_coef_delta each optimiser step
     # (up while the entropy is at or below entropy_target, else down) within [entropy_coef_min, entropy_coef_max], and
     # applies only while the entropy is at or below the target
-    use_adaptive_entropy: bool = False
-    entropy_target: float = bounded(0.2, ge=0.0)  # use_adaptive_entropy: target mean token entropy (nats)
-    entropy_coef_delta: float = bounded(0.005, gt=0.0)  # use_adaptive_entropy: the coefficient's step
-    entropy_coef_min: float = bounded(0.0, ge=0.0)  # use_adaptive_entropy: the coefficient's lower bound
-    entropy_coef_max: float = bounded(1.0, ge=0.0)  # use_adaptive_entropy: the coefficient's upper bound
-    top_entropy_quantile: float = bounded(1.0, ge=0.0, le=1.0)  # only the top-ρ of tokens by entropy get a gradient
-    # EPO (arXiv 2509.22576): loss − epo_coef × [trajectory-mean entropy − β_k × epo_penalty × the mean of each
-    # token's distance outside [epo_corridor_low, epo_corridor_high] × the earlier steps' mean entropy], β_k =
-    # 1 + exp(−epo_decay × step / ⌊steps/2⌋); 0: off (the reference scripts use 0.001)
-    epo_coef: float = bounded(0.0, ge=0.0)
-    epo_penalty: float = bounded(0.1, ge=0.0)  # EPO's α: the weight of the corridor penalty
-    epo_corridor_low: float = bounded(0.8, ge=0.0, le=1.0)  # EPO's κ_l (0: no lower bound)
-    epo_corridor_high: float = bounded(1.2, ge=1.0)  # EPO's κ_r
-    epo_decay: float = bounded(3.0, ge=0.0)  # EPO's γ: how fast β_k falls from 2 toward 1
-    epo_window: int = bounded(0, ge=0)  # EPO's reference: the mean entropy of the last N steps; 0: of every step
-    mask_truncated_completions: bool = False  # completions that never ended (cut at max_new_tokens) get no gradient
+    use_adaptive_entropy: bool = field(default=False, metadata=reads(per_policy=True, trl="loss"))
+    # use_adaptive_entropy: target mean token entropy (nats)
+    entropy_target: float = bounded(0.2, ge=0.0, per_policy=True, trl="loss")
+    # use_adaptive_entropy: the coefficient's step
+    entropy_coef_delta: float = bounded(0.005, gt=0.0, per_policy=True, trl="loss")
+    # use_adaptive_entropy: the coefficient's lower bound
+    entropy_coef_min: float = bounded(0.0, ge=0.0, per_policy=True, trl="loss")
+    # use_adaptive_entropy: the coefficient's upper bound
+    entropy_coef_max: float = bounded(1.0, ge=0.0, per_policy=True, trl="loss")
+    # only the top-ρ of tokens by entropy get a gradient
+    top_entropy_quantile: float = bounded(1.0, ge=0.0, le=1.0, per_policy=True, trl="loss")
+    # completions that never ended (cut at max_new_tokens) get no gradient
+    mask_truncated_completions: bool = field(default=False, metadata=reads(per_policy=True, trl="loss"))
     # drop negative-advantage rows whose mean KL(sampler ‖ learner) per token exceeds this (DeepSeek-V3.2); null: off
-    off_policy_mask_threshold: float | None = bounded(None, ge=0.0)
+    off_policy_mask_threshold: float | None = bounded(None, ge=0.0, per_policy=True, trl="loss")
     # sampler-vs-learner correction (TRL's vLLM importance sampling): weight each token's loss by
     # exp(learner − sampler log-prob) per token or summed per sequence, truncated to [min, max] or zeroed outside
     is_correction: ISCorrection = ISCorrection.none
     is_clip_max: float = bounded(3.0, gt=0.0)  # is_correction: upper limit of the importance ratio
     is_clip_min: float | None = bounded(None, ge=0.0)  # is_correction: lower limit of the importance ratio; null: none
-    num_iterations: int = bounded(1, ge=1)  # optimisation passes over each step's samples
-    mini_batch_size: int = bounded(64, ge=1)  # rows per gradient step
+    # optimisation passes over each step's samples
+    num_iterations: int = bounded(1, ge=1, per_policy=True, trl="update")
+    mini_batch_size: int = bounded(64, ge=1, per_policy=True)  # rows per gradient step
     # rows with advantage 0 are not back-propagated when beta=0 (their gradient is 0; the loss is re-weighted
     # to the whole mini-batch's): the same update for less compute
     skip_zero_advantage: bool = True
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more compute)
+    # recompute activations in the backward pass (less memory, more compute)
+    gradient_checkpointing: bool = field(default=False, metadata=reads(per_policy=True))
     # the same seed, config and machine give a bit-identical run: fixed threads, deterministic algorithms, MKL's
     # conditional numerical reproducibility (set before torch loads: give it on the command line); slower
     deterministic: bool = False
@@ -568,6 +598,7 @@ class TrainSchema:
     algorithm: Any = MISSING
     credit: Any = MISSING
     critic: Any = MISSING
+    loss: Any = MISSING
     policy: Any = MISSING
     model: Any = MISSING
     rollout: Any = MISSING
@@ -602,7 +633,8 @@ class ReportSchema:
 
 
 GROUP_SCHEMAS: dict[str, type] = {"env": EnvConfig, "workflow": WorkflowConfig, "algorithm": AlgorithmConfig,
-                                  "credit": CreditConfig, "critic": CriticConfig, "policy": PolicyConfig,
+                                  "credit": CreditConfig, "critic": CriticConfig, "loss": LossConfig,
+                                  "policy": PolicyConfig,
                                   "model": ModelConfig, "rollout": RolloutConfig, "trainer": TrainerConfig,
                                   "logger": LoggerConfig, "store": StoreConfig}
 """Each group's generic schema (``<group>/base_<group>``); a registered plug-in adds ``<group>/base_<name>``."""

@@ -18,18 +18,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.schema import ModelConfig, RoleSampling, TrainerConfig
+from marl_cli.config.registry import schema_of
+from marl_cli.config.schema import LossConfig, ModelConfig, RoleSampling, TrainerConfig, marked
 
 MODEL_KEYS = ("name_or_path", "tiny", "dtype")
 """What a policy's model may change: which model, and its dtype. Prompting is per role (``model.system_prompts``,
 ``rollout.roles.<role>.chat_template_kwargs``), so one role reads the same prompt whichever policy serves it."""
-TRAINER_KEYS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "loss_type",
-                "epsilon", "epsilon_high", "beta", "num_iterations", "mini_batch_size", "gradient_checkpointing",
-                "importance_sampling_level", "delta", "entropy_coef", "use_adaptive_entropy", "entropy_target",
-                "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "top_entropy_quantile",
-                "mask_truncated_completions", "off_policy_mask_threshold", "epo_coef", "epo_penalty",
-                "epo_corridor_low", "epo_corridor_high", "epo_decay", "epo_window")
-"""What a policy's update may change from ``trainer``; the step schedule, logging and checkpoints are the run's."""
+TRAINER_KEYS = marked(TrainerConfig, "per_policy")
+"""What a policy's update may change from ``trainer`` (the keys marked ``per_policy``; its loss term's settings too:
+``policy_loss``); the step schedule, logging and checkpoints are the run's."""
 
 
 def _typed_nodes(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig, type]]:
@@ -103,10 +100,24 @@ def model_key(model_cfg: Any) -> str:
     return json.dumps(OmegaConf.to_container(model_cfg, resolve=True), sort_keys=True)
 
 
+def _policy_changes(cfg: DictConfig, name: str) -> dict[str, Any]:
+    change = cfg.policy.trainers.get(name, {})
+    return OmegaConf.to_container(change, resolve=True) if isinstance(change, DictConfig) else dict(change or {})
+
+
 def policy_trainer(cfg: DictConfig, name: str) -> DictConfig:
-    """The update settings of policy ``name``: ``trainer`` with ``policy.trainers.<name>`` over it."""
-    return merged(cfg.trainer, cfg.policy.trainers.get(name, {}), TrainerConfig, f"policy.trainers.{name}",
-                  TRAINER_KEYS)
+    """The update settings of policy ``name``: ``trainer`` with ``policy.trainers.<name>`` over it (but its ``loss``:
+    ``policy_loss``)."""
+    change = {key: value for key, value in _policy_changes(cfg, name).items() if key != "loss"}
+    return merged(cfg.trainer, change, TrainerConfig, f"policy.trainers.{name}", TRAINER_KEYS)
+
+
+def policy_loss(cfg: DictConfig, name: str) -> DictConfig:
+    """The loss term settings of policy ``name``: ``loss`` with ``policy.trainers.<name>.loss`` over it (any key of
+    the term's schema but its name)."""
+    schema = schema_of("loss", cfg.loss.name) or LossConfig
+    keys = tuple(f.name for f in dataclasses.fields(schema) if f.name != "name")
+    return merged(cfg.loss, _policy_changes(cfg, name).get("loss", {}), schema, f"policy.trainers.{name}.loss", keys)
 
 
 def _role_table(cfg: DictConfig, key: str, role: str) -> dict[str, Any]:
@@ -199,6 +210,7 @@ def check_team(cfg: DictConfig, role_map: dict[str, str]) -> None:
         policy_model(cfg, name)
     for name in cfg.policy.trainers:
         policy_trainer(cfg, name)
+        policy_loss(cfg, name)
     _check_schedule(cfg, role_map)
 
 

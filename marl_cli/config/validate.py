@@ -29,7 +29,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.launch import launched_world_size
 from marl_cli.config.paths import config_dir
 from marl_cli.config.registry import Registry, registries
-from marl_cli.config.schema import CLIPPED_LOSSES, TrainerConfig
+from marl_cli.config.schema import CLIPPED_LOSSES
 from marl_cli.config.team import check_role_sampling, check_schema, policy_trainer
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -79,6 +79,8 @@ def owners(full_key: str, object_type: object) -> str:
 
 
 MOVED = {"rollout.eval_temperature": "eval.temperature",
+         **{f"trainer.epo_{key}": f"loss=epo with loss.{key}" for key in ("coef", "penalty", "decay", "window")},
+         **{f"trainer.epo_corridor_{side}": f"loss=epo with loss.corridor_{side}" for side in ("low", "high")},
          "trainer.sync": "trainer.max_staleness (sync=true is 0; sync=false let the sub policy's weights lag: "
                          "give the lag it may have, e.g. 1)"}
 """Keys that moved: the error for the old one names the new one."""
@@ -111,7 +113,7 @@ def describe(exc: BaseException) -> str:
 
 PLUGIN_HINT = ("name the plug-in's module or .py file in MARL_PLUGINS (comma-separated) or in the marl.plugins "
                "entry-point group")
-PLUGIN_GROUPS = ("env", "workflow", "algorithm", "credit", "critic", "policy", "rollout")
+PLUGIN_GROUPS = ("env", "workflow", "algorithm", "credit", "critic", "loss", "policy", "rollout")
 """The groups a plug-in adds options to (with its schema, ``<group>/base_<name>``), in the order their
 plug-ins are checked."""
 
@@ -264,25 +266,6 @@ def check_loss(trainer: Any, where: str = "trainer") -> None:
     if trainer.entropy_coef_min > trainer.entropy_coef_max:
         raise ConfigError(f"{where}.entropy_coef_min={trainer.entropy_coef_min} exceeds "
                           f"{where}.entropy_coef_max={trainer.entropy_coef_max}")
-    _check_epo(trainer, where)
-
-
-EPO_KEYS = ("epo_penalty", "epo_corridor_low", "epo_corridor_high", "epo_decay", "epo_window")
-"""EPO's settings besides its coefficient ``epo_coef``: they act only with it."""
-
-
-def _check_epo(trainer: Any, where: str) -> None:
-    """EPO's settings act only with ``epo_coef``, and EPO's entropy bonus replaces TRL's (two would add up)."""
-    if trainer.epo_coef == 0.0:
-        defaults = TrainerConfig()
-        for key in EPO_KEYS:
-            if trainer[key] != getattr(defaults, key):
-                raise ConfigError(f"{where}.{key}={trainer[key]} acts only with EPO: set {where}.epo_coef > 0 "
-                                  "(the reference scripts use 0.001)")
-    elif trainer.entropy_coef != 0.0 or trainer.use_adaptive_entropy:
-        raise ConfigError(f"{where}.epo_coef={trainer.epo_coef} with TRL's entropy bonus ({where}.entropy_coef="
-                          f"{trainer.entropy_coef}, use_adaptive_entropy={trainer.use_adaptive_entropy}): EPO's "
-                          "trajectory-level bonus replaces it; keep one of the two")
 
 
 def _check_processes(cfg: DictConfig, processes: int) -> None:

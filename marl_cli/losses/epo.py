@@ -10,26 +10,49 @@ With H the per-token entropy, a trajectory j of T_j turns, turn t of |τ_jt| los
     β_k      = 1 + exp(−γ·k / k_mid),  k_mid = ⌊K/2⌋                              (eq. 5)
     L_EPO    = L_policy − λ·[L_H − β_k·L_smooth]                                  (eq. 6)
 
-H̄ is the mean of the earlier steps' token-mean entropies (the paper's cumulative window; ``trainer.epo_window``
-keeps the last N), and L_smooth = 0 at the first step (no history). The penalty is differentiable in H: it pushes a
-token's entropy back toward the corridor only while it is outside it. (The reference code builds the penalty as a
-constant mask, which has no gradient; marl follows the paper's equation.) A trajectory is one role's turns in one
-episode (``role_episodes``); within a mini-batch, the trajectories and turns are those the mini-batch holds.
+λ = ``loss.coef``, α = ``loss.penalty``, κ_l, κ_r = ``loss.corridor_low``, ``loss.corridor_high``, γ = ``loss.decay``
+(``loss=epo``). H̄ is the mean of the earlier steps' token-mean entropies (the paper's cumulative window;
+``loss.window`` keeps the last N), and L_smooth = 0 at the first step (no history). The penalty is differentiable in
+H: it pushes a token's entropy back toward the corridor only while it is outside it. (The reference code builds the
+penalty as a constant mask, which has no gradient; marl follows the paper's equation.) A trajectory is one role's
+turns in one episode (``role_episodes``); within a mini-batch, the trajectories and turns are those the mini-batch
+holds.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from marl_cli.algorithms.grpo import role_episodes
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import LossConfig, bounded
+from marl_cli.config.team import policy_loss, policy_trainer
 from marl_cli.core.samples import Sample
+from marl_cli.core.world import World
+from marl_cli.losses.base import LOSS_TERMS, LossKind
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class EPOConfig(LossConfig):
+    """EPO's entropy terms (``loss=epo``)."""
+
+    coef: float = bounded(0.001, ge=0.0)  # EPO's λ (the reference scripts use 0.001); 0: off (for one policy)
+    penalty: float = bounded(0.1, ge=0.0)  # EPO's α: the weight of the corridor penalty
+    corridor_low: float = bounded(0.8, ge=0.0, le=1.0)  # EPO's κ_l (0: no lower bound)
+    corridor_high: float = bounded(1.2, ge=1.0)  # EPO's κ_r
+    decay: float = bounded(3.0, ge=0.0)  # EPO's γ: how fast β_k falls from 2 toward 1
+    window: int = bounded(0, ge=0)  # EPO's reference: the mean entropy of the last N steps; 0: of every step
 
 
 def corridor_penalty(entropies: torch.Tensor, reference: float, low: float, high: float) -> torch.Tensor:
     """P = [κ_l·H̄ − H]_+ + [H − κ_r·H̄]_+ per token: how far each entropy lies outside [``low``·H̄, ``high``·H̄]."""
+    import torch
+
     return torch.relu(low * reference - entropies) + torch.relu(entropies - high * reference)
 
 
@@ -62,40 +85,51 @@ class EPO:
     """EPO's term of one policy's loss, and the entropy history it is anchored to.
 
     Args:
-        trainer_cfg: the policy's ``trainer`` config: ``epo_coef`` (λ), ``epo_penalty`` (α), ``epo_corridor_low``
-            and ``epo_corridor_high`` (κ_l, κ_r), ``epo_decay`` (γ), ``epo_window`` (0: every earlier step) and
-            ``steps`` (K).
+        cfg: the policy's ``loss`` settings (``EPOConfig``).
+        steps: the run's RL steps (K in β_k).
     """
 
-    def __init__(self, trainer_cfg: Any):
-        self.cfg = trainer_cfg
+    entropies = True
+    every_row = True
+
+    def __init__(self, cfg: Any, steps: int):
+        self.cfg = cfg
+        self.steps = steps
         self.history: list[float] = []
         """The token-mean entropy of each earlier step's rows under the policy that sampled them."""
 
     def reference(self) -> float | None:
-        """H̄: the mean of the history (its last ``epo_window`` steps if set), or None before the first entry."""
-        window = self.history[-self.cfg.epo_window:] if self.cfg.epo_window else self.history
+        """H̄: the mean of the history (its last ``window`` steps if set), or None before the first entry."""
+        window = self.history[-self.cfg.window:] if self.cfg.window else self.history
         return sum(window) / len(window) if window else None
 
-    def loss(self, entropies: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
-             step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """−λ·[L_H − β_k·L_smooth] of a mini-batch (``mask``: the tokens the loss counts; ``weights``:
-        ``trajectory_weights``) at RL step ``step``, and its statistics."""
-        cfg = self.cfg
+    def prepare(self, batch: dict[str, Any], rows: list[Sample], counted: list[bool], world: World,
+                dtype: Any) -> None:
+        """Each of this process's rows' weight in the trajectory mean (``trajectory_weights``), as ``epo_weights``."""
+        import torch
+
+        weights = world.share(trajectory_weights(rows, counted, world.size))
+        batch["epo_weights"] = torch.tensor(weights, dtype=dtype, device=batch["completion_mask"].device)
+
+    def __call__(self, batch: dict[str, Any], entropies: torch.Tensor, mask: torch.Tensor,
+                 step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """−λ·[L_H − β_k·L_smooth] of a mini-batch (``mask``: the tokens the loss counts) at RL step ``step``, and
+        its statistics."""
+        cfg, weights = self.cfg, batch["epo_weights"]
         bonus = trajectory_mean(entropies, mask, weights)
         stats = {"epo/entropy": float(bonus.detach())}
         reference = self.reference()
         if reference is None:
-            return -cfg.epo_coef * bonus, stats
-        penalty = corridor_penalty(entropies, reference, cfg.epo_corridor_low, cfg.epo_corridor_high)
-        smooth = cfg.epo_penalty * trajectory_mean(penalty, mask, weights)
-        beta = smoothing_weight(step, cfg.steps, cfg.epo_decay)
+            return -cfg.coef * bonus, stats
+        penalty = corridor_penalty(entropies, reference, cfg.corridor_low, cfg.corridor_high)
+        smooth = cfg.penalty * trajectory_mean(penalty, mask, weights)
+        beta = smoothing_weight(step, self.steps, cfg.decay)
         outside = ((penalty > 0) & mask.bool()).sum() / mask.sum().clamp(min=1)
         stats.update({"epo/smooth": float(smooth.detach()), "epo/beta": beta, "epo/reference": reference,
                       "epo/outside_fraction": float(outside)})
-        return -cfg.epo_coef * (bonus - beta * smooth), stats
+        return -cfg.coef * (bonus - beta * smooth), stats
 
-    def record(self, entropy_sum: float, tokens: float) -> None:
+    def after_step(self, entropy_sum: float, tokens: float) -> None:
         """Append this step's token-mean entropy (every process's rows: the sums gathered) to the history."""
         if tokens:
             self.history.append(entropy_sum / tokens)
@@ -105,3 +139,19 @@ class EPO:
 
     def load_state_dict(self, state: dict[str, list[float]]) -> None:
         self.history = list(state.get("history", []))
+
+
+def check_epo(cfg: Any) -> None:
+    """EPO's entropy bonus replaces TRL's (two would add up): no policy has both."""
+    for name in ["", *cfg.policy.trainers]:
+        trainer = policy_trainer(cfg, name) if name else cfg.trainer
+        coef = policy_loss(cfg, name).coef if name else cfg.loss.coef
+        where = f"policy.trainers.{name}" if name else "trainer"
+        if coef != 0.0 and (trainer.entropy_coef != 0.0 or trainer.use_adaptive_entropy):
+            raise ConfigError(f"loss=epo (coef={coef}) with TRL's entropy bonus ({where}.entropy_coef="
+                              f"{trainer.entropy_coef}, use_adaptive_entropy={trainer.use_adaptive_entropy}): EPO's "
+                              "trajectory-level bonus replaces it; keep one of the two")
+
+
+LOSS_TERMS.register("epo", schema=EPOConfig, check=check_epo)(
+    LossKind(lambda settings, trainer: EPO(settings, trainer.steps) if settings.coef != 0.0 else None))

@@ -216,16 +216,24 @@ def schema_defaults() -> dict[str, Any]:
 @functools.cache
 def plugin_schema(group: str, name: str) -> type | None:
     """The schema the plug-in ``name`` of ``group`` registered (None: none, or no such plug-in)."""
-    from marl_cli.config.registry import registries
+    from marl_cli.config.registry import schema_of
     from marl_cli.plugins import load_all
 
     load_all()
-    return next((r.schemas.get(name) for r in registries() if r.group == group), None)
+    return schema_of(group, name)
+
+
+RETIRED = {"trainer.epo_coef": 0.0, "trainer.epo_penalty": 0.1, "trainer.epo_corridor_low": 0.8,
+           "trainer.epo_corridor_high": 1.2, "trainer.epo_decay": 3.0, "trainer.epo_window": 0}
+"""Keys an older marl saved, at the values that did what a run without them does (EPO was ``trainer.epo_*``)."""
+OFF = ("credit", "critic", "loss")
+"""Groups whose option ``none`` adds nothing: ``{name: none}`` is the setup of a run saved before the group existed."""
 
 
 def without_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` without the settings at their schema default: a run saved before a key existed and one that
-    leaves it at its default have the same setup (a group option's own defaults may differ: they stay). In
+    leaves it at its default have the same setup (a group option's own defaults may differ: they stay; ``RETIRED``
+    and ``OFF`` say what older runs saved that means the same). In
     ``UNREAD``'s groups the selected plug-in's schema gives the defaults, and a key it lacks (saved by an older marl
     whose one schema held every plug-in's keys) was never read, so it goes too."""
     from marl_cli.config.validate import UNREAD
@@ -237,8 +245,10 @@ def without_defaults(config: dict[str, Any]) -> dict[str, Any]:
             defaults.update(_defaults(schema, group))
             read = {f.name for f in dataclasses.fields(schema)}
             unread += [f"{group}.{key}" for key in get(config, group, {}) if key not in read]
-    return _without(config, [*unread, *(key for key, value in leaves(config) if key in defaults and
-                                        json.dumps(value, default=str) == json.dumps(defaults[key]))])
+    defaults.update(RETIRED)
+    out = _without(config, [*unread, *(key for key, value in leaves(config) if key in defaults and
+                                       json.dumps(value, default=str) == json.dumps(defaults[key]))])
+    return _without(out, [group for group in OFF if out.get(group) == {"name": "none"}])
 
 
 def setup_key(config: dict[str, Any], load_key: str | None = None) -> str:

@@ -18,6 +18,7 @@ import os
 import pickle
 import random
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +37,38 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
 
 
-def save_checkpoint(run_dir: Path, step: int, policies: dict[str, Policy], trainer_states: dict[str, Any],
-                    rng: random.Random, extra: dict[str, Any] | None = None,
-                    weights: dict[str, dict[str, torch.Tensor]] | None = None,
-                    critics: dict[str, Any] | None = None, in_flight: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint of ``step`` (with the loop's ``extra`` counters, the ``critics``' states and the rows
-    rollout workers played for later steps, ``in_flight``) and return its directory; ``weights`` by policy name
-    replace what a policy's model holds (a sharded learner's fp32 masters)."""
-    final = checkpoint_dir(run_dir, step)
+RNGS = ("python_rng", "torch_rng", "cuda_rng")
+"""The random generators' states a checkpoint holds beside the parts."""
+
+
+@dataclass
+class RunState:
+    """What a checkpoint holds beside the policies' weights: its step and each component's part, by name. When the
+    loop saves, each component adds its own (``trainers``: the optimiser, scheduler and loss states by policy;
+    ``critics``; ``in_flight``: rows rollout workers played for later steps; ``extra``: the loop's counters); on a
+    resume each reads its own back from ``load_state``'s dict under the same name."""
+
+    step: int
+    parts: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, name: str, part: Any) -> None:
+        """File ``part`` under ``name``; a name taken (by another part, ``step`` or an RNG) is a ValueError."""
+        if name in self.parts or name in ("step", *RNGS):
+            raise ValueError(f"a checkpoint part named {name!r} is already there")
+        self.parts[name] = part
+
+
+def save_checkpoint(run_dir: Path, state: RunState, policies: dict[str, Policy], rng: random.Random,
+                    weights: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+    """Write the checkpoint of ``state.step`` (its parts, the policies' weights and the RNGs: ``rng`` and torch's)
+    and return its directory; ``weights`` by policy name replace what a policy's model holds (a sharded learner's
+    fp32 masters)."""
+    final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, policy in policies.items():
         policy.save(tmp / "policies" / name, (weights or {}).get(name))
-    torch.save({"step": step, "trainers": trainer_states, "python_rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(), "extra": extra or {}, "critics": critics,
-                "in_flight": in_flight,
+    torch.save({"step": state.step, **state.parts, "python_rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "state.pt")
     (tmp / MANIFEST).write_text(json.dumps(manifest(tmp), indent=1, sort_keys=True))
     shutil.rmtree(final, ignore_errors=True)

@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_cli.algorithms import ALGORITHMS
-from marl_cli.config.team import Schedule, policy_trainer
+from marl_cli.config.team import Schedule, policy_loss, policy_trainer
 from marl_cli.core.samples import Sample
 from marl_cli.credit.base import shape_advantages, shape_rewards
 from marl_cli.critics.kinds import CRITICS
@@ -37,7 +37,7 @@ from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
 from marl_cli.training.build import Run, build_run
-from marl_cli.training.checkpoint import load_state, prune_checkpoints, save_checkpoint
+from marl_cli.training.checkpoint import RunState, load_state, prune_checkpoints, save_checkpoint
 from marl_cli.training.evaluation import evaluate
 from marl_cli.training.hooks import CheckpointHook, EvalHook, Hook, LogHook
 from marl_cli.training.interrupts import StopRequest
@@ -128,7 +128,7 @@ class Trainer:
         if fresh and cfg.trainer.warmstart.enabled and self.source.plays and not cfg.trainer.init_from:
             self.evaluate("eval_pre_warmstart", 0)
             run = self.run
-            self.tracker.log(0, warm_start_all(run.policies, run.workflow, cfg, run.run_dir, run.world))
+            self.tracker.log(0, warm_start_all(run.policies, run.workflow, cfg, run.run_dir, run.role_map, run.world))
         self.share_weights()
         if self.run.adapters_pending:
             self.attach_adapters()
@@ -154,7 +154,7 @@ class Trainer:
         settings.steps = self.schedule.steps_of(name, cfg.trainer.steps)
         roles = [sampling.for_role(role) for role in policy.roles]
         return PolicyTrainer(policy, settings, roles[0].temperature, max(r.max_new_tokens for r in roles),
-                             self.run.run_dir / "trl" / name, cfg.seed, self.run.world)
+                             self.run.run_dir / "trl" / name, cfg.seed, self.run.world, policy_loss(cfg, name))
 
     def share_weights(self) -> None:
         """Every process of a multi-process run continues from rank 0's weights (its warm start, its adapters)."""
@@ -253,14 +253,16 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """Checkpoint ``step``; a decoupled sub trainer then acknowledges the store items the checkpoint holds."""
-        states = {n: t.state_dict() for n, t in self.trainers.items()}  # every rank: a sharded state is gathered
+        state = RunState(step)
+        state.add("trainers", {n: t.state_dict() for n, t in self.trainers.items()})  # every rank: sharded, gathered
         ahead = self.run.world.gather(self.source.in_flight(step))  # rows played for later steps, every rank's
         masters = {n: w for n, t in self.trainers.items() if (w := t.master_weights()) is not None}
         if not self.run.world.main:  # the ranks' weights and (gathered) optimiser states are identical
             return
-        critics = None if self.critics is None else self.critics.state_dict()
-        path = save_checkpoint(self.run.run_dir, step, self.run.policies, states, self.rng, self.counters, masters,
-                               critics, {"ranks": ahead} if any(ahead) else None)
+        state.add("extra", self.counters)
+        state.add("critics", None if self.critics is None else self.critics.state_dict())
+        state.add("in_flight", {"ranks": ahead} if any(ahead) else None)
+        path = save_checkpoint(self.run.run_dir, state, self.run.policies, self.rng, masters)
         log.info("checkpoint: step %d saved to %s", step, path)
         self.source.saved(step)
         limit = self.cfg.trainer.save_total_limit

@@ -24,7 +24,6 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.team import model_key, policy_model
 from marl_cli.core.world import World
 from marl_cli.policies.regime import Policy
-from marl_cli.policies.roles import assign_roles
 from marl_cli.rollout.generation import Sampling
 from marl_cli.tracking.console import draws_bars
 from marl_cli.training.build import build_team, init_seed, sampling_from
@@ -200,7 +199,7 @@ def cached_warm_start(policy: Policy, workflow: Workflow, cfg: DictConfig, outpu
 
 
 def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictConfig, run_dir: Path,
-                   world: World | None = None) -> dict[str, float]:
+                   role_map: dict[str, str], world: World | None = None) -> dict[str, float]:
     """Warm-start every policy; return the ``warmstart/<name>/...`` metrics.
 
     With ``trainer.warmstart.shared_base`` (default), the policies that start from one model config (all of them
@@ -213,9 +212,8 @@ def warm_start_all(policies: dict[str, Policy], workflow: Workflow, cfg: DictCon
     and none learns their demonstrations).
     """
     groups: dict[str, list[Policy]] = {}
-    policy_of = assign_roles(cfg.policy, list(cfg.workflow.roles))
     # the model config of the policy a role acts through (a base's: that of the policies whose roles it serves)
-    models = {name: policy_model(cfg, policy_of[policy.roles[0]]) for name, policy in policies.items()}
+    models = {name: policy_model(cfg, role_map[policy.roles[0]]) for name, policy in policies.items()}
     for name, policy in policies.items():
         groups.setdefault(model_key(models[name]), []).append(policy)
     shared = cfg.trainer.warmstart.shared_base

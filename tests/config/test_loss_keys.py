@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.team import policy_trainer
+from marl_cli.config.team import policy_loss, policy_trainer
 from marl_cli.config.validate import check_overrides
 from marl_cli.plugins import register_configs
 from marl_cli.training.learner.trl_adapter import grpo_args
@@ -75,14 +75,18 @@ def test_a_policy_sets_its_own_loss_keys():
                                                                   "sequence"]),
      "policy.trainers.plan.importance_sampling_level=sequence with policy.trainers.plan.loss_type=bnpo"),
     (" ".join([*TEAM[1:], "+policy.trainers.tool.delta=1.1"]), "policy.trainers.tool.delta=1.1 must exceed 1 + "),
-    ("trainer.epo_penalty=0.5", "trainer.epo_penalty=0.5 acts only with EPO: set trainer.epo_coef > 0"),
-    ("trainer.epo_window=5", "trainer.epo_window=5 acts only with EPO: set trainer.epo_coef > 0"),
-    ("trainer.epo_coef=0.01 trainer.entropy_coef=0.01", "trainer.epo_coef=0.01 with TRL's entropy bonus "
+    ("trainer.epo_penalty=0.5", "trainer.epo_penalty: no such key; it is loss=epo with loss.penalty now"),
+    ("loss.coef=0.01", "loss.coef: no such key; valid keys: name"),
+    ("loss=epo trainer.entropy_coef=0.01", "loss=epo (coef=0.001) with TRL's entropy bonus "
      "(trainer.entropy_coef=0.01, use_adaptive_entropy=False): EPO's trajectory-level bonus replaces it"),
-    ("trainer.epo_coef=0.01 trainer.epo_corridor_low=1.1", "trainer.epo_corridor_low=1.1: must be >= 0.0 and <= 1.0"),
-    ("trainer.epo_coef=0.01 trainer.epo_corridor_high=0.9", "trainer.epo_corridor_high=0.9: must be >= 1.0"),
-    (" ".join([*TEAM[1:], "+policy.trainers.plan.epo_decay=1"]),
-     "policy.trainers.plan.epo_decay=1.0 acts only with EPO: set policy.trainers.plan.epo_coef > 0"),
+    ("loss=epo loss.corridor_low=1.1", "loss.corridor_low=1.1: must be >= 0.0 and <= 1.0"),
+    ("loss=epo loss.corridor_high=0.9", "loss.corridor_high=0.9: must be >= 1.0"),
+    (" ".join([*TEAM[1:], "loss=epo", "+policy.trainers.plan.loss.decay=-1"]),
+     "policy.trainers.plan.loss.decay=-1.0: must be >= 0.0"),
+    (" ".join([*TEAM[1:], "loss=epo", "+policy.trainers.plan.loss.name=none"]),
+     "policy.trainers.plan.loss.name: not a key this can change"),
+    (" ".join([*TEAM[1:], "loss=epo", "+policy.trainers.plan.entropy_coef=0.1"]),
+     "loss=epo (coef=0.001) with TRL's entropy bonus (policy.trainers.plan.entropy_coef=0.1"),
 ])
 def test_bad_combinations_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -91,19 +95,32 @@ def test_bad_combinations_are_one_line_errors(overrides, message):
     assert "\n" not in str(err.value)
 
 
-EPO = {"epo_coef": 0.01, "epo_penalty": 0.5, "epo_corridor_low": 0.5, "epo_corridor_high": 2.0, "epo_decay": 1.0,
-       "epo_window": 5}
+EPO = {"coef": 0.01, "penalty": 0.5, "corridor_low": 0.5, "corridor_high": 2.0, "decay": 1.0, "window": 5}
 
 
 def test_epo_composes_for_the_run_and_for_one_policy():
-    run = [f"trainer.{key}={value}" for key, value in EPO.items()]
+    run = ["loss=epo", *(f"loss.{key}={value}" for key, value in EPO.items())]
     check_overrides("train", [*FAST, *run])
-    assert {key: train_config(*FAST, *run).trainer[key] for key in EPO} == EPO
-    own = [f"+policy.trainers.plan.{key}={value}" for key, value in EPO.items()]
+    assert {key: train_config(*FAST, *run).loss[key] for key in EPO} == EPO
+    own = ["loss=epo", *(f"+policy.trainers.plan.loss.{key}={value}" for key, value in EPO.items()),
+           "+policy.trainers.plan.learning_rate=0.5"]
     check_overrides("train", [*TEAM, *own])
     cfg = train_config(*TEAM, *own)
-    assert {key: policy_trainer(cfg, "plan")[key] for key in EPO} == EPO
-    assert policy_trainer(cfg, "tool").epo_coef == 0.0
+    assert {key: policy_loss(cfg, "plan")[key] for key in EPO} == EPO
+    assert policy_loss(cfg, "tool").coef == 0.001 and policy_trainer(cfg, "plan").learning_rate == 0.5
+    assert "loss" not in policy_trainer(cfg, "plan")
+
+
+def test_the_trainer_keys_are_one_list_on_the_schema():
+    """What a policy may change, what goes to TRL's update and what TRL's loss reads are marks on the schema's
+    fields: the per-policy keys hold both TRL lists, and grpo_args passes each under its own name."""
+    from marl_cli.config.schema import TrainerConfig, marked
+    from marl_cli.config.team import TRAINER_KEYS
+    from marl_cli.training.learner.trl_adapter import LOSS_KNOBS, UPDATE_KEYS
+
+    assert set(UPDATE_KEYS) | set(LOSS_KNOBS) <= set(TRAINER_KEYS) == set(marked(TrainerConfig, "per_policy"))
+    assert {"learning_rate", "loss_type", "epsilon", "num_iterations"} <= set(UPDATE_KEYS)
+    assert {"beta", "mini_batch_size", "gradient_checkpointing"} <= set(TRAINER_KEYS) - set(UPDATE_KEYS)
 
 
 def test_the_cli_refuses_a_bad_combination_before_a_run_dir(tmp_path):

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from marl_cli.config.schema import TrainerConfig
 from marl_cli.core.samples import Sample
-from marl_cli.losses.epo import EPO, corridor_penalty, smoothing_weight, trajectory_mean, trajectory_weights
+from marl_cli.losses.epo import EPO, EPOConfig, corridor_penalty, smoothing_weight, trajectory_mean, trajectory_weights
 from marl_cli.training.learner.policy_trainer import PolicyTrainer, collate
 from tests.precision import assert_rounding_close, to_float64
 from tests.training.learner.test_loss_knobs import _policy
@@ -20,7 +20,7 @@ from tests.training.learner.test_policy_trainer import TERMS
 
 
 def _cfg(**kw):
-    return OmegaConf.structured(TrainerConfig(**{"epo_coef": 0.1, "epo_penalty": 0.5, "steps": 10, **kw}))
+    return OmegaConf.structured(EPOConfig(**{"name": "epo", "coef": 0.1, "penalty": 0.5, **kw}))
 
 
 def test_the_corridor_penalty_is_the_distance_outside_the_band_and_its_gradient_points_back():
@@ -65,19 +65,20 @@ def test_epos_term_on_a_hand_computed_batch():
     entropies = torch.tensor([[1.0, 1.5, 2.0], [0.6, 9.9, 9.9]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     weights = torch.tensor([0.5, 0.5])
-    epo = EPO(_cfg())
-    term, stats = epo.loss(entropies, mask, weights, step=5)
+    epo = EPO(_cfg(), steps=10)
+    batch = {"epo_weights": weights}
+    term, stats = epo(batch, entropies, mask, step=5)
     # no history: L_smooth = 0; L_H = 0.5·1.5 + 0.5·0.6 = 1.05
     assert float(term) == pytest.approx(-0.1 * 1.05) and stats == {"epo/entropy": pytest.approx(1.05)}
     epo.history = [1.0, 2.0]  # H̄ = 1.5, corridor [1.2, 1.8]: penalties 0.2, 0, 0.2 | 0.6 (the 9.9s are padding)
-    term, stats = epo.loss(entropies, mask, weights, step=5)
+    term, stats = epo(batch, entropies, mask, step=5)
     smooth = 0.5 * (0.5 * 0.4 / 3 + 0.5 * 0.6)  # α × the trajectory mean of the penalties = 11/60
     assert smooth == pytest.approx(11 / 60)
     assert float(term) == pytest.approx(-0.1 * (1.05 - (1 + math.exp(-3)) * 11 / 60))
     assert stats["epo/reference"] == 1.5 and stats["epo/outside_fraction"] == 0.75
     assert stats["epo/smooth"] == pytest.approx(11 / 60) and stats["epo/beta"] == pytest.approx(1 + math.exp(-3))
-    assert EPO(_cfg(epo_window=1, epo_coef=0.1)).reference() is None
-    windowed = EPO(_cfg(epo_window=1))
+    assert EPO(_cfg(window=1, coef=0.1), steps=10).reference() is None
+    windowed = EPO(_cfg(window=1), steps=10)
     windowed.history = [1.0, 2.0]
     assert windowed.reference() == 2.0
 
@@ -92,9 +93,12 @@ def _episode_rows(advantages=(0.7, -0.4, 0.9, -1.0, 0.3)):
             for i, ((task, turn), a) in enumerate(zip(keys, advantages, strict=True))]
 
 
-def _trainer(policy, tmp_path, **kw):
-    cfg = OmegaConf.structured(TrainerConfig(**{"learning_rate": 1e-2, "steps": 10, "mini_batch_size": 64, **kw}))
-    return PolicyTrainer(policy, cfg, temperature=0.7, max_completion_length=8, output_dir=tmp_path / "trl", seed=0)
+def _trainer(policy, tmp_path, **epo):
+    """A learner of ``policy`` with EPO's settings ``epo`` (none: no loss term)."""
+    cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-2, steps=10, mini_batch_size=64))
+    loss = OmegaConf.structured(EPOConfig(name="epo", **epo)) if epo else None
+    return PolicyTrainer(policy, cfg, temperature=0.7, max_completion_length=8, output_dir=tmp_path / "trl", seed=0,
+                         loss=loss)
 
 
 def test_an_update_adds_epos_term_to_trls_loss(tmp_path, monkeypatch):
@@ -110,9 +114,9 @@ def test_an_update_adds_epos_term_to_trls_loss(tmp_path, monkeypatch):
     # H̄ the median token entropy, the corridor its quartiles: half the tokens inside, half outside
     low, reference, high = torch.quantile(entropies[mask.bool()], torch.tensor([0.25, 0.5, 0.75],
                                                                                dtype=entropies.dtype)).tolist()
-    epo = _trainer(to_float64(_policy(tmp_path / "b"), monkeypatch), tmp_path / "b", epo_coef=0.1, epo_penalty=0.5,
-                   epo_corridor_low=low / reference, epo_corridor_high=high / reference)
-    epo.epo.history = [reference]
+    epo = _trainer(to_float64(_policy(tmp_path / "b"), monkeypatch), tmp_path / "b", coef=0.1, penalty=0.5,
+                   corridor_low=low / reference, corridor_high=high / reference)
+    epo.term.history = [reference]
     per_row = (entropies * mask).sum(1) / mask.sum(1)
     weights = torch.tensor([1 / 6, 1 / 6, 1 / 6, 1 / 4, 1 / 4], dtype=entropies.dtype)
     penalty = torch.relu(low - entropies) + torch.relu(entropies - high)
@@ -124,7 +128,7 @@ def test_an_update_adds_epos_term_to_trls_loss(tmp_path, monkeypatch):
     assert_rounding_close(torch.tensor(epo_stats["loss"] - plain_stats["loss"], dtype=torch.float64), expected, TERMS)
     assert epo_stats["epo/beta"] == pytest.approx(beta)
     assert_rounding_close(torch.tensor(epo_stats["epo/entropy"], dtype=torch.float64), bonus, TERMS)
-    assert_rounding_close(torch.tensor(epo.epo.history, dtype=torch.float64),
+    assert_rounding_close(torch.tensor(epo.term.history, dtype=torch.float64),
                           torch.stack([torch.tensor(reference, dtype=torch.float64), (entropies * mask).sum() /
                                        mask.sum()]), TERMS)
 
@@ -136,22 +140,22 @@ def test_the_entropy_terms_train_rows_without_an_advantage(tmp_path):
     for coef, moves in ((0.0, False), (0.5, True)):
         policy = _policy(tmp_path / str(coef))
         before = copy.deepcopy(policy.model.state_dict())
-        stats = _trainer(policy, tmp_path / str(coef), epo_coef=coef).update(rows, random.Random(0))
+        stats = _trainer(policy, tmp_path / str(coef), coef=coef).update(rows, random.Random(0))
         after = policy.model.state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in before) == moves
         assert stats["trained_row_fraction"] == (1.0 if moves else 0.0)
 
 
 def test_the_history_is_saved_and_restored(tmp_path):
-    t = _trainer(_policy(tmp_path / "a"), tmp_path / "a", epo_coef=0.1)
+    t = _trainer(_policy(tmp_path / "a"), tmp_path / "a", coef=0.1)
     for step in range(2):
         t.update(_episode_rows(), random.Random(step), step)
     state = t.state_dict()
     assert len(state["loss"]["epo"]["history"]) == 2
-    fresh = _trainer(_policy(tmp_path / "b"), tmp_path / "b", epo_coef=0.1)
+    fresh = _trainer(_policy(tmp_path / "b"), tmp_path / "b", coef=0.1)
     fresh.load_state_dict(state)
-    assert fresh.epo.history == t.epo.history
-    older = _trainer(_policy(tmp_path / "c"), tmp_path / "c", epo_coef=0.1)
+    assert fresh.term.history == t.term.history
+    older = _trainer(_policy(tmp_path / "c"), tmp_path / "c", coef=0.1)
     older.load_state_dict({k: v for k, v in state.items() if k != "loss"})  # saved before EPO existed
-    assert older.epo.history == []
+    assert older.term.history == []
     assert "epo" not in _trainer(_policy(tmp_path / "d"), tmp_path / "d").state_dict()["loss"]

@@ -190,14 +190,23 @@ def test_setup_key_ignores_seed_and_bookkeeping_only(tmp_path):
 
 
 def test_a_run_saved_before_a_key_existed_has_the_setup_of_one_at_its_default():
-    """marl added ``critic.share_trunk`` and ``trainer.epo_coef`` (defaults false and 0): a run saved without them
-    groups with one that leaves them there, not with one that sets them."""
+    """marl added ``critic.share_trunk`` and ``trainer.mask_truncated_completions`` (defaults false): a run saved
+    without them groups with one that leaves them there, not with one that sets them."""
     older = {"env": {"name": "plan_path"}, "trainer": {"learning_rate": 0.1}, "critic": {"name": "ppo_like"}}
-    newer = {"env": {"name": "plan_path"}, "trainer": {"learning_rate": 0.1, "epo_coef": 0.0},
+    newer = {"env": {"name": "plan_path"}, "trainer": {"learning_rate": 0.1, "mask_truncated_completions": False},
              "critic": {"name": "ppo_like", "share_trunk": False}}
     assert setup_key(older) == setup_key(newer)
-    assert setup_key(older) != setup_key({**newer, "trainer": {"learning_rate": 0.1, "epo_coef": 0.01}})
+    assert setup_key(older) != setup_key({**newer, "trainer": {"learning_rate": 0.1,
+                                                               "mask_truncated_completions": True}})
     assert setup_key(older) != setup_key({**newer, "critic": {"name": "ppo_like", "share_trunk": True}})
+
+
+def test_a_run_saved_with_epo_as_trainer_keys_off_has_the_setup_of_one_without_a_loss_term():
+    older = {"env": {"name": "plan_path"}, "trainer": {"learning_rate": 0.1, "epo_coef": 0.0, "epo_window": 0}}
+    newer = {"env": {"name": "plan_path"}, "trainer": {"learning_rate": 0.1}, "loss": {"name": "none"},
+             "credit": {"name": "none"}}
+    assert setup_key(older) == setup_key(newer)
+    assert setup_key(newer) != setup_key({**newer, "loss": {"name": "epo", "coef": 0.01}})
 
 
 def test_load_runs_reads_every_discovered_dir(tmp_path):

@@ -110,13 +110,14 @@ def test_per_role_policies_start_from_one_warm_started_base(tmp_path):
     role_map = assign_roles(cfg.policy, workflow.roles)
     policies = build_policies(role_map, cfg.model, 0, tmp_path, torch.device("cpu"))
     before = {k: v.clone() for k, v in policies["tool"].model.state_dict().items()}
-    metrics = warm_start_all(policies, workflow, cfg, tmp_path)
+    metrics = warm_start_all(policies, workflow, cfg, tmp_path, role_map)
     assert "warmstart/base/loss" in metrics and metrics["warmstart/base/examples"] == 48  # 24 per role
     tool, plan = policies["tool"].model.state_dict(), policies["plan"].model.state_dict()
     assert all(torch.equal(tool[k], plan[k]) for k in tool)
     assert any(not torch.equal(before[k], tool[k]) for k in tool)
     separate = build_policies(role_map, cfg.model, 0, tmp_path / "s", torch.device("cpu"))
-    metrics = warm_start_all(separate, workflow, _cfg(*few, "trainer.warmstart.shared_base=false"), tmp_path / "s")
+    metrics = warm_start_all(separate, workflow, _cfg(*few, "trainer.warmstart.shared_base=false"), tmp_path / "s",
+                             role_map)
     assert metrics["warmstart/tool/examples"] == 24 and metrics["warmstart/plan/examples"] == 24
 
 
@@ -127,9 +128,10 @@ def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
     for regime in ("shared", "per_role", "shared"):
         cfg = _cfg(*few, f"policy={regime}", "env.eval_size=3")
         workflow = build_team(cfg)
-        policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 0, tmp_path / regime,
+        role_map = assign_roles(cfg.policy, workflow.roles)
+        policies = build_policies(role_map, cfg.model, 0, tmp_path / regime,
                                   torch.device("cpu"))
-        metrics = warm_start_all(policies, workflow, cfg, tmp_path / regime)
+        metrics = warm_start_all(policies, workflow, cfg, tmp_path / regime, role_map)
         trained.setdefault(regime, []).append((metrics, policies))
     (first, shared), (again, shared_again) = trained["shared"]
     per_role_metrics, per_role = trained["per_role"][0]
@@ -140,17 +142,19 @@ def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
         assert all(torch.equal(weights[k], v) for k, v in other.model.state_dict().items())
     cfg = _cfg(*few, "seed=1")
     workflow = build_team(cfg)
-    policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 1, tmp_path / "s1",
+    role_map = assign_roles(cfg.policy, workflow.roles)
+    policies = build_policies(role_map, cfg.model, 1, tmp_path / "s1",
                               torch.device("cpu"))
-    assert warm_start_all(policies, workflow, cfg, tmp_path / "s1")["warmstart/base/cached"] == 0.0
+    assert warm_start_all(policies, workflow, cfg, tmp_path / "s1", role_map)["warmstart/base/cached"] == 0.0
     # the same config over an edited prompt (code, not config) demonstrates differently: a new entry
     cfg = _cfg(*few, "policy=shared", "env.eval_size=3")
     workflow = build_team(cfg)
     prompt = type(workflow).prompt
-    policies = build_policies(assign_roles(cfg.policy, workflow.roles), cfg.model, 0, tmp_path / "edited",
+    role_map = assign_roles(cfg.policy, workflow.roles)
+    policies = build_policies(role_map, cfg.model, 0, tmp_path / "edited",
                               torch.device("cpu"))
     with mock.patch.object(type(workflow), "prompt", lambda self, role, state: prompt(self, role, state) + "!"):
-        assert warm_start_all(policies, workflow, cfg, tmp_path / "edited")["warmstart/shared/cached"] == 0.0
+        assert warm_start_all(policies, workflow, cfg, tmp_path / "edited", role_map)["warmstart/shared/cached"] == 0.0
 
 
 def test_a_cache_hit_spares_the_other_ranks_drawing_the_demonstrations(tmp_path):
@@ -182,7 +186,7 @@ def test_a_pinned_warm_start_seed_gives_every_run_seed_the_same_warm_start(tmp_p
     for seed, pinned in ((0, None), (1, 0), (2, 0), (1, None)):
         cfg = _cfg(*few, f"seed={seed}", f"trainer.warmstart.seed={'null' if pinned is None else pinned}")
         run = build_run(cfg, tmp_path / f"{seed}-{pinned}")
-        warm_start_all(run.policies, run.workflow, cfg, run.run_dir)
+        warm_start_all(run.policies, run.workflow, cfg, run.run_dir, run.role_map)
         warmed[seed, pinned] = (run.policies["tool"].model.state_dict(), run.workflow.env.task("train", 0))
     reference, _ = warmed[0, None]
     for key in ((1, 0), (2, 0)):

@@ -33,7 +33,7 @@ import torch
 from marl_cli.core.padding import pad_rows
 from marl_cli.core.samples import Sample
 from marl_cli.core.world import World
-from marl_cli.losses.epo import EPO, trajectory_weights
+from marl_cli.losses.base import LOSS_TERMS, LossTerm
 from marl_cli.policies.regime import Policy
 from marl_cli.training.learner.sharding import gather_into, load_optimizer_state, master_weights, optimizer_state, split
 from marl_cli.training.learner.trl_adapter import (
@@ -128,11 +128,11 @@ def loss_weight(loss_type: str, trained: list[Sample], batch: list[Sample], worl
     return world.size * len(trained) / len(batch)
 
 
-def reads_whole_batch(trainer_cfg: Any) -> bool:
+def reads_whole_batch(trainer_cfg: Any, term: LossTerm | None = None) -> bool:
     """Whether the loss of a row depends on the other rows passed with it beyond the normaliser, or has a gradient
-    without an advantage: an entropy bonus (TRL's, a token mean over every row passed; EPO's, on every row) or a
-    top-entropy quantile (taken over their tokens)."""
-    bonus = trainer_cfg.entropy_coef != 0.0 or trainer_cfg.use_adaptive_entropy or trainer_cfg.epo_coef != 0.0
+    without an advantage: an entropy bonus (TRL's, a token mean over every row passed), a loss ``term`` with a gradient
+    on every row (EPO's) or a top-entropy quantile (taken over their tokens)."""
+    bonus = trainer_cfg.entropy_coef != 0.0 or trainer_cfg.use_adaptive_entropy or (term is not None and term.every_row)
     return bonus or trainer_cfg.top_entropy_quantile < 1.0
 
 
@@ -220,7 +220,7 @@ class PolicyTrainer:
     """
 
     def __init__(self, policy: Policy, trainer_cfg: Any, temperature: float, max_completion_length: int,
-                 output_dir: Path, seed: int, world: World | None = None):
+                 output_dir: Path, seed: int, world: World | None = None, loss: Any = None):
         self.policy = policy
         self.cfg = trainer_cfg
         self.temperature = temperature
@@ -250,13 +250,14 @@ class PolicyTrainer:
         self.reference = None
         if policy.adapter is None and (trainer_cfg.beta != 0.0 or trainer_cfg.log_ref_kl):
             self.reference = self.grpo.frozen_copy(self.model)
-        self.epo = EPO(trainer_cfg) if trainer_cfg.epo_coef != 0.0 else None
-        """EPO's entropy terms and history (``trainer.epo_coef``), or None."""
-        self.grpo.keep_entropies(self.epo is not None)
+        self.term: LossTerm | None = None if loss is None else LOSS_TERMS.get(loss.name).build(loss, trainer_cfg)
+        """The loss term added to TRL's (``loss=<name>``, this policy's settings), or None."""
+        self.term_name = None if self.term is None else loss.name
+        self.grpo.keep_entropies(self.term is not None and self.term.entropies)
         self.step = 0
-        """How many RL steps came before the one being trained (EPO's k)."""
+        """How many RL steps came before the one being trained (a loss term's k)."""
         self._entropy = [0.0, 0.0]
-        """This step's entropy sum and token count over the rows the loss counts (EPO's history)."""
+        """This step's entropy sum and token count over the rows the loss counts (a loss term's history)."""
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -382,9 +383,9 @@ class PolicyTrainer:
         if self.sharded:
             gather_into(self.learner, self.model)
         self.policy.mark_updated()
-        if self.epo is not None:  # after the step's updates: H̄ of step k is over the steps before it
+        if self.term is not None:  # after the step's updates: EPO's H̄ of step k is over the steps before it
             sums = self.world.gather(self._entropy)
-            self.epo.record(sum(s[0] for s in sums), sum(s[1] for s in sums))
+            self.term.after_step(sum(s[0] for s in sums), sum(s[1] for s in sums))
         advantages = torch.tensor([s.advantage for s in rows])
         stats["advantage/mean"].append(float(advantages.mean()))
         stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
@@ -404,8 +405,9 @@ class PolicyTrainer:
                   for whole in mini_batches(part, self.cfg.mini_batch_size, self.world)]
         shares = [self.world.share(whole) for whole in wholes]
         masked = self.cfg.mask_truncated_completions
-        trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage, reads_whole_batch(self.cfg),
-                                 masked) for mine in shares]
+        whole_batch = reads_whole_batch(self.cfg, self.term)
+        trained = [with_gradient(mine, self.cfg.beta, self.cfg.skip_zero_advantage, whole_batch, masked)
+                   for mine in shares]
         # every rank runs the loss (TRL's gathers per-row metrics across ranks) on as many rows of each
         # mini-batch, at least one: zero-advantage copies fill up
         counts = [max(1, *n) for n in zip(*self.world.gather([len(t) for t in trained]), strict=True)]
@@ -415,11 +417,10 @@ class PolicyTrainer:
             batch["temperature"] = self.temperature if whole[0].temperature is None else whole[0].temperature
             tokens = sum(loss_tokens(s, masked) for s in whole)  # the token-sum losses' normaliser
             batch["num_items_in_batch"] = torch.tensor(tokens, device=self.device)
-            if self.epo is not None:
+            if self.term is not None:
                 counted = [loss_tokens(s, masked) > 0 for s in whole]
-                weights = self.world.share(trajectory_weights(whole, counted, self.world.size))
                 dtype = torch.promote_types(self.policy.compute_dtype, torch.float32)  # float64 where the model is
-                batch["epo_weights"] = torch.tensor(weights, dtype=dtype, device=self.device)
+                self.term.prepare(batch, whole, counted, self.world, dtype)
             zeroed = count - len(kept)
             index = kept + [kept[0] if kept else 0] * zeroed
             weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world, masked, zeroed)
@@ -432,11 +433,10 @@ class PolicyTrainer:
         multiplied by ``weight``."""
         batch = select_rows(whole, index, zeroed)
         loss = self.grpo.loss(self.learner, batch) * weight
-        if self.epo is not None:
-            term, epo_stats = self.epo.loss(self.grpo.last_entropies, loss_mask(batch), batch["epo_weights"],
-                                            self.step)
+        if self.term is not None:
+            term, term_stats = self.term(batch, self.grpo.last_entropies, loss_mask(batch), self.step)
             loss = loss + term
-            for key, value in epo_stats.items():
+            for key, value in term_stats.items():
                 stats[key].append(value)
         self._loss_stats(batch, self._token_share(whole), stats)
         self.grpo.backward(loss)
@@ -479,8 +479,8 @@ class PolicyTrainer:
         by_name = self.cfg.sharding == "fsdp2"
         optimizer = optimizer_state(self.learner, self.optimizer) if by_name else self.optimizer.state_dict()
         loss = self.grpo.loss_state()
-        if self.epo is not None:
-            loss["epo"] = self.epo.state_dict()
+        if self.term is not None:
+            loss[self.term_name] = self.term.state_dict()
         return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "loss": loss}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -491,7 +491,7 @@ class PolicyTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         loss = dict(state.get("loss", {}))
-        epo = loss.pop("epo", {})
+        terms = {name: loss.pop(name) for name in LOSS_TERMS.names() if name in loss}
         self.grpo.load_loss_state(loss)
-        if self.epo is not None:
-            self.epo.load_state_dict(epo)
+        if self.term is not None:
+            self.term.load_state_dict(terms.get(self.term_name, {}))

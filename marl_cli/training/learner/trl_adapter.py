@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from marl_cli.config.schema import CLIPPED_LOSSES
+from marl_cli.config.schema import CLIPPED_LOSSES, TrainerConfig, marked
 from marl_cli.core.world import World
 from marl_cli.rollout.prefix import keeping_cache, shared_prompt_cache
 from marl_cli.training.learner.sharding import regathered_prompt
@@ -53,9 +53,9 @@ from marl_cli.training.learner.trl_args import GRPOConfig, GRPOTrainer, add_fuse
 OWN_METRICS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
                "clip_ratio/low_min", "clip_ratio/high_max")
 """TRL's metrics of the loss forward that marl computes itself over every row (TRL's see the trained rows only)."""
-LOSS_KNOBS = ("importance_sampling_level", "delta", "entropy_coef", "use_adaptive_entropy", "entropy_target",
-              "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "top_entropy_quantile",
-              "mask_truncated_completions", "off_policy_mask_threshold")
+UPDATE_KEYS = marked(TrainerConfig, "trl", "update")
+"""The ``trainer`` keys that go to ``GRPOConfig`` under their own name as its optimiser, schedule and clip."""
+LOSS_KNOBS = marked(TrainerConfig, "trl", "loss")
 """The ``trainer`` keys that go to ``GRPOConfig`` under their own name, read by TRL's ``compute_loss`` (but
 ``mask_truncated_completions``, which TRL applies in its generation loop: marl applies it in its batch,
 ``LOSS_MASK``)."""
@@ -73,16 +73,8 @@ def grpo_args(trainer_cfg: Any, temperature: float, max_completion_length: int, 
     ``temperature``; no logging, saving or checkpointing by TRL."""
     return GRPOConfig(
         output_dir=str(output_dir),
-        learning_rate=trainer_cfg.learning_rate,
-        lr_scheduler_type=trainer_cfg.lr_scheduler_type,
-        warmup_steps=trainer_cfg.warmup_steps,
-        weight_decay=trainer_cfg.weight_decay,
-        max_grad_norm=trainer_cfg.max_grad_norm,
-        loss_type=trainer_cfg.loss_type,
-        epsilon=trainer_cfg.epsilon,
-        epsilon_high=trainer_cfg.epsilon_high,
+        **{key: getattr(trainer_cfg, key) for key in UPDATE_KEYS},
         beta=0.0,
-        num_iterations=trainer_cfg.num_iterations,
         temperature=temperature if temperature > 0 else 1.0,
         max_completion_length=max_completion_length,
         num_generations=2,

@@ -22,6 +22,7 @@ from marl_cli.config.schema import ModelConfig, TrainerConfig
 from marl_cli.config.validate import _check_processes
 from marl_cli.core.samples import Sample
 from marl_cli.core.world import World, init_from_launcher
+from marl_cli.losses.epo import EPOConfig
 from marl_cli.policies.regime import build_policies
 from marl_cli.training.learner import sharding as sharding_module
 from marl_cli.training.learner.policy_trainer import PolicyTrainer, loss_weight, mini_batches
@@ -71,7 +72,8 @@ def _grouped_rows(step: int) -> list[Sample]:
 
 def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
              weights: dict[str, torch.Tensor] | None = None, dtype: str = "float32",
-             layers: int = 1, checkpointing: bool = False, beta: float = 0.0, **extra: Any) -> PolicyTrainer:
+             layers: int = 1, checkpointing: bool = False, beta: float = 0.0, epo: dict[str, float] | None = None,
+             **extra: Any) -> PolicyTrainer:
     tiny = dataclasses.replace(SMALL, num_hidden_layers=layers)
     model_cfg = OmegaConf.structured(ModelConfig(tiny=tiny, dtype=dtype))
     policy = build_policies({"agent": "shared"}, model_cfg, 0, Path(tmp), torch.device("cpu"),
@@ -83,7 +85,8 @@ def _trainer(tmp: str, loss_type: str, world: World, sharding: str = "none",
     cfg = OmegaConf.structured(TrainerConfig(learning_rate=1e-3, steps=4, mini_batch_size=4, loss_type=loss_type,
                                              log_ref_kl=True, sharding=sharding, gradient_checkpointing=checkpointing,
                                              beta=beta, **extra))
-    return PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world)
+    loss = None if epo is None else OmegaConf.structured(EPOConfig(name="epo", **epo))
+    return PolicyTrainer(policy, cfg, 0.7, 8, Path(tmp) / "trl", 0, world, loss)
 
 
 def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
@@ -271,12 +274,12 @@ def _per_token(tmp: str, world: World) -> dict[str, dict[str, torch.Tensor]]:
         for step in range(2):
             trainer.update(_token_rows(step), random.Random(step))
         out[loss_type] = _weights(trainer)
-    trainer = _trainer(str(Path(tmp) / "epo"), "grpo", world, epo_coef=0.5, epo_penalty=4.0, epo_corridor_low=0.95,
-                       epo_corridor_high=1.05)
+    trainer = _trainer(str(Path(tmp) / "epo"), "grpo", world,
+                       epo={"coef": 0.5, "penalty": 4.0, "corridor_low": 0.95, "corridor_high": 1.05})
     for step in range(3):  # a row's turn is its branch: each task is one trajectory of two turns
         rows = [dataclasses.replace(row, branch=0, turn=row.branch) for row in _token_rows(step)]
         trainer.update(rows, random.Random(step), step)
-    assert len(trainer.epo.history) == 3
+    assert len(trainer.term.history) == 3
     out["epo"] = _weights(trainer)
     return out
 

@@ -13,7 +13,7 @@ from marl_cli.config.schema import ModelConfig, StoreConfig
 from marl_cli.core.samples import Sample
 from marl_cli.policies.regime import build_policies
 from marl_cli.store import build_store
-from marl_cli.training.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from marl_cli.training.checkpoint import RunState, latest_checkpoint, load_state, save_checkpoint
 from marl_cli.training.rows.decoupled import KEEP_VERSIONS, Exchange
 from tests.policies.test_tiny import SMALL
 
@@ -73,9 +73,18 @@ def test_published_weights_reach_the_other_trainer_and_old_versions_are_pruned(t
 def test_the_newest_complete_checkpoint_is_resumed_with_its_rng(tmp_path):
     policies = {"shared": _policies(tmp_path, 0)["main"]}
     rng = random.Random(3)
-    save_checkpoint(tmp_path, 1, policies, {"shared": {"k": 1}}, rng, {"store/trajectories": 4.0})
+    first = RunState(1)
+    first.add("trainers", {"shared": {"k": 1}})
+    first.add("extra", {"store/trajectories": 4.0})
+    save_checkpoint(tmp_path, first, policies, rng)
     expected = rng.random()
-    save_checkpoint(tmp_path, 2, policies, {"shared": {"k": 2}}, rng)
+    second = RunState(2)
+    second.add("trainers", {"shared": {"k": 2}})
+    save_checkpoint(tmp_path, second, policies, rng)
+    with pytest.raises(ValueError, match="'trainers' is already there"):
+        second.add("trainers", {})
+    with pytest.raises(ValueError, match="'torch_rng' is already there"):
+        second.add("torch_rng", None)
     (tmp_path / "checkpoints" / "step_000003.tmp").mkdir()  # a crash mid-write
     (tmp_path / "checkpoints" / "step_000004").mkdir()  # no state.pt: never completed
     assert latest_checkpoint(tmp_path).name == "step_000002"
