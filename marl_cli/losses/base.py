@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from marl_cli.config.registry import Registry
 from marl_cli.core.samples import Sample
-from marl_cli.core.world import World
+
+if TYPE_CHECKING:
+    from marl_cli.core.world import World
 
 
 class LossTerm(Protocol):

@@ -30,11 +30,12 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import LossConfig, bounded
 from marl_cli.config.team import policy_loss, policy_trainer
 from marl_cli.core.samples import Sample
-from marl_cli.core.world import World
 from marl_cli.losses.base import LOSS_TERMS, LossKind
 
 if TYPE_CHECKING:
     import torch
+
+    from marl_cli.core.world import World
 
 
 @dataclass
