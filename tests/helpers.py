@@ -151,6 +151,20 @@ def train_config(*overrides: str) -> DictConfig:
         return compose(config_name="train", overrides=list(overrides))
 
 
+def refusal(overrides: list[str], search_dirs: list[str] = ()) -> str:
+    """The one-line ``ConfigError`` that checking ``marl train <overrides>`` raises (a failure if none, or several
+    lines)."""
+    from marl_cli.config.errors import ConfigError
+    from marl_cli.config.validate import check_overrides
+
+    try:
+        check_overrides("train", overrides, list(search_dirs))
+    except ConfigError as exc:
+        assert "\n" not in str(exc), str(exc)
+        return str(exc)
+    raise AssertionError(f"marl train {' '.join(overrides)} was not refused")
+
+
 def metric_records(run: Path) -> list[dict]:
     """Every line of a run's ``metrics.jsonl``."""
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
