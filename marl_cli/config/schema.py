@@ -302,7 +302,7 @@ class CriticConfig:
     # the value head on its policy's own model instead of a copy: the critic's regression also trains the policy's
     # trunk (with the critic's own optimiser, after the policy's step); full-model policies, scope=policy
     share_trunk: bool = False
-    learning_rate: float = bounded(1e-5, gt=0.0, per_policy=True, trl="update")  # the critic's AdamW learning rate
+    learning_rate: float = bounded(1e-5, gt=0.0)  # the critic's AdamW learning rate
     weight_decay: float = bounded(0.0, ge=0.0)  # the critic's AdamW weight decay
     max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
     mini_batch_size: int = bounded(64, ge=1)  # rows per critic gradient step

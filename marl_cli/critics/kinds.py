@@ -32,8 +32,8 @@ def check_critic(cfg: Any) -> None:
     algorithm uses."""
     algorithm, kind = ALGORITHMS.get(cfg.algorithm.name), CRITICS.get(cfg.critic.name)
     if algorithm.critic is None and kind.level is not None:
-        readers = ", ".join(f"{name} (critic={ALGORITHMS.get(name).critic})" for name in ALGORITHMS.names()
-                            if ALGORITHMS.get(name).critic)
+        levels = {name: ALGORITHMS.get(name).critic for name in ALGORITHMS.names()}
+        readers = ", ".join(f"{name} (critic={level})" for name, level in levels.items() if level)
         raise ConfigError(f"critic={cfg.critic.name}: algorithm={cfg.algorithm.name} is critic-free; a value model is "
                           f"read by algorithm={readers}")
     if algorithm.critic != kind.level:

@@ -174,7 +174,7 @@ class Run:
             (``policy.scripted``) has none, and is routed to its actor (``scripted:<actor>``) only.
         rollout: the team, the policies as routed now, the generation backend and the sampling settings.
         source: where the policies were loaded from.
-        world: the processes training the run together (``training/rows/distributed.py``).
+        world: the processes training the run together (``core/world.py``).
     """
 
     cfg: DictConfig

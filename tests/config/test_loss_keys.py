@@ -121,6 +121,10 @@ def test_the_trainer_keys_are_one_list_on_the_schema():
     assert set(UPDATE_KEYS) | set(LOSS_KNOBS) <= set(TRAINER_KEYS) == set(marked(TrainerConfig, "per_policy"))
     assert {"learning_rate", "loss_type", "epsilon", "num_iterations"} <= set(UPDATE_KEYS)
     assert {"beta", "mini_batch_size", "gradient_checkpointing"} <= set(TRAINER_KEYS) - set(UPDATE_KEYS)
+    from marl_cli.config.schema import GROUP_SCHEMAS
+
+    assert all(not marked(schema, "per_policy") and not marked(schema, "trl", "update")
+               for group, schema in GROUP_SCHEMAS.items() if group != "trainer")  # marks are the trainer's only
 
 
 def test_the_cli_refuses_a_bad_combination_before_a_run_dir(tmp_path):
