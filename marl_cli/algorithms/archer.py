@@ -45,12 +45,12 @@ def archer_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
     """Each row's ``advantage`` = its critic Q minus its critic V (both the minimum of the two heads)."""
     values = utterance_values(samples, "archer")
     for s, v in zip(samples, values, strict=True):
-        if s.q_value is None:
+        if s.estimates.get("q_value") is None:
             raise ValueError(f"row (task {s.task}, turn {s.turn}, role {s.role}) has no critic Q value: "
                              "algorithm=archer reads critic=utterance")
-        s.advantage = s.q_value - v
+        s.advantage = s.estimates["q_value"] - v
     n = max(len(samples), 1)
-    return samples, {"value_mean": sum(values) / n, "q_mean": sum(s.q_value for s in samples) / n}
+    return samples, {"value_mean": sum(values) / n, "q_mean": sum(s.estimates["q_value"] for s in samples) / n}
 
 
 V1, V2, Q1, Q2 = range(4)
@@ -58,14 +58,14 @@ V1, V2, Q1, Q2 = range(4)
 
 
 def annotate(critic: Any, rows: list[Sample]) -> None:
-    """Each row's ``value`` and ``q_value``: the minimum of the two V heads and of the two Q heads, as the actor
-    reads them."""
+    """Each row's ``estimates["value"]`` and ``["q_value"]``: the minimum of the two V heads and of the two Q heads,
+    as the actor reads them."""
     import torch
 
     states, actions = critic.state_values(rows), critic.action_values(rows)
     low_v, low_q = torch.minimum(states[:, V1], states[:, V2]), torch.minimum(actions[:, Q1], actions[:, Q2])
     for s, v, q in zip(rows, low_v.tolist(), low_q.tolist(), strict=True):
-        s.value, s.q_value = v, q
+        s.estimates.update(value=v, q_value=q)
 
 
 def update(critic: Any, replay: Any, rows: list[Sample], cfg: Any, step: int,

@@ -42,17 +42,18 @@ def acting_positions(samples: list[Sample]) -> dict[str, int]:
 
 
 def utterance_values(samples: list[Sample], algorithm: str) -> list[float]:
-    """Each row's critic value V(s), or a ValueError naming a row without one."""
+    """Each row's critic value V(s) (``estimates["value"]``), or a ValueError naming a row without one."""
     for s in samples:
-        if s.value is None:
+        if s.estimates.get("value") is None:
             raise ValueError(f"row (task {s.task}, turn {s.turn}, role {s.role}) has no critic value: "
                              f"algorithm={algorithm} reads critic=utterance")
-    return [s.value for s in samples]
+    return [s.estimates["value"] for s in samples]
 
 
 def marft_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
                     rollouts: dict[int, list[int]] | None = None) -> tuple[list[Sample], dict[str, float]]:
-    """GAE along each episode's acting order: every row gets ``advantage`` and ``returns`` (one target)."""
+    """GAE along each episode's acting order: every row gets ``advantage`` and ``estimates["returns"]`` (one
+    target)."""
     import torch
 
     values = torch.tensor(utterance_values(samples, "marft"), dtype=torch.float64)
@@ -64,7 +65,7 @@ def marft_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
     if cfg.whiten and len(samples) >= 2:
         advantages = whiten(advantages, torch.ones_like(advantages))
     for s, a, r in zip(samples, advantages.tolist(), returns.tolist(), strict=True):
-        s.advantage, s.returns = a, [r]
+        s.advantage, s.estimates["returns"] = a, [r]
     return samples, {"value_mean": float(values.mean()), "return_mean": float(returns.mean())}
 
 

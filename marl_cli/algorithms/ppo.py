@@ -42,8 +42,9 @@ def ppo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
     import torch
 
     for s in samples:
-        if len(s.values) != len(s.completion_ids):
-            raise ValueError(f"row (task {s.task}, turn {s.turn}, role {s.role}) has {len(s.values)} critic values "
+        if len(s.estimates.get("values", ())) != len(s.completion_ids):
+            raise ValueError(f"row (task {s.task}, turn {s.turn}, role {s.role}) has "
+                             f"{len(s.estimates.get('values', ()))} critic values "
                              f"for {len(s.completion_ids)} completion tokens: algorithm=ppo reads critic=token")
     trajectories = role_episodes(samples)
     width = max((sum(len(samples[i].completion_ids) for i in idx) for idx in trajectories), default=0)
@@ -55,7 +56,7 @@ def ppo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
         for i in idx:
             n = len(samples[i].completion_ids)
             spans[i] = (b, start, n)
-            values[b, start:start + n] = torch.tensor(samples[i].values, dtype=torch.float64)
+            values[b, start:start + n] = torch.tensor(samples[i].estimates["values"], dtype=torch.float64)
             mask[b, start:start + n] = 1.0
             if n:
                 rewards[b, start + n - 1] = samples[i].reward
@@ -66,7 +67,7 @@ def ppo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
     for i, (b, start, n) in spans.items():
         s = samples[i]
         s.token_advantages = advantages[b, start:start + n].tolist()
-        s.returns = returns[b, start:start + n].tolist()
+        s.estimates["returns"] = returns[b, start:start + n].tolist()
         s.advantage = sum(s.token_advantages) / n if n else 0.0
     return samples, _stats(samples, mask, values, returns)
 

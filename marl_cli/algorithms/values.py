@@ -95,8 +95,7 @@ class Transition:
 
 
 Annotate = Callable[[Any, list[Sample]], None]
-"""``(critic, its rows) -> None``: put the values the estimator reads on the rows (``Sample.values``, ``value``,
-``q_value``)."""
+"""``(critic, its rows) -> None``: put the values the estimator reads on the rows (``Sample.estimates``)."""
 Update = Callable[[Any, Any, list[Sample], Any, int, random.Random], dict[str, float]]
 """``(critic, its replay buffer or None, its rows of this step, the run config, step, rng) -> statistics``: one RL
 step's training of the critic (``critics.critic.Critic.update`` on the batches the algorithm builds)."""
@@ -134,21 +133,23 @@ ON_POLICY_SETTINGS = ("epochs", "value_clip")
 
 
 def annotate_tokens(critic: Any, rows: list[Sample]) -> None:
-    """V(s_t) before each completion token, on ``Sample.values``."""
+    """V(s_t) before each completion token, as ``Sample.estimates["values"]``."""
     for s, values in zip(rows, critic.token_values(rows), strict=True):
-        s.values = values
+        s.estimates["values"] = values
 
 
 def annotate_states(critic: Any, rows: list[Sample]) -> None:
-    """V of the state each row's turn starts in, on ``Sample.value``."""
+    """V of the state each row's turn starts in, as ``Sample.estimates["value"]``."""
     for s, v in zip(rows, critic.state_values(rows)[:, 0].tolist(), strict=True):
-        s.value = v
+        s.estimates["value"] = v
 
 
 def regress_token_returns(critic: Any, replay: Any, rows: list[Sample], cfg: Any, step: int,
                           rng: random.Random) -> dict[str, float]:
-    """Every token's value toward its return (``Sample.returns``), clipped around the values it was scored with."""
-    regression = Regression("token", [s.returns for s in rows], old_values=[s.values for s in rows])
+    """Every token's value toward its return (``estimates["returns"]``), clipped around the values it was scored
+    with (``estimates["values"]``)."""
+    regression = Regression("token", [s.estimates["returns"] for s in rows],
+                            old_values=[s.estimates["values"] for s in rows])
     return critic.update(CriticBatch(rows, [regression]), rng)
 
 
@@ -157,8 +158,8 @@ def regress_state_returns(critic: Any, replay: Any, rows: list[Sample], cfg: Any
     """Each state's value (its prompt only) toward the row's return, clipped around the value it was scored with."""
     import torch
 
-    regression = Regression("state", torch.tensor([s.returns[0] for s in rows], dtype=torch.float64),
-                            old_values=torch.tensor([s.value for s in rows], dtype=torch.float64))
+    regression = Regression("state", torch.tensor([s.estimates["returns"][0] for s in rows], dtype=torch.float64),
+                            old_values=torch.tensor([s.estimates["value"] for s in rows], dtype=torch.float64))
     return critic.update(CriticBatch([prompt_only(s) for s in rows], [regression]), rng)
 
 

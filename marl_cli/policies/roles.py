@@ -70,6 +70,13 @@ def assign_roles(policy_cfg: Any, roles: list[str]) -> dict[str, str]:
     return {role: explicit.get(role, regime.policy_of(role)) for role in roles if role not in scripted}
 
 
+def role_map(cfg: Any) -> dict[str, str]:
+    """The run's role → policy map: ``assign_roles`` over the workflow's roles. ``build_run`` computes it once and
+    the run carries it (``Run.role_map``) to whoever acts with it; the config checks that run before anything is
+    built (the regime's, the vLLM backend's engine count) read it from here too."""
+    return assign_roles(cfg.policy, list(cfg.workflow.roles))
+
+
 def sub_roles(cfg: Any, role_map: dict[str, str]) -> list[str]:
     """The sub roles decoupled M-GRPO trainers exchange (none for ``trainer.role=all``), after checking the
     setup: decoupled trainers need a hierarchical algorithm and the sub roles on their own full model."""
@@ -111,9 +118,9 @@ def check_regime(cfg: Any) -> None:
     (``policy.assignment``), decoupled trainers' setup, the team's per-policy settings and schedule
     (``config.team.check_team``) and, for a regime of adapters, ``check_adapters``."""
     check_scripted(cfg)
-    role_map = assign_roles(cfg.policy, list(cfg.workflow.roles))
-    sub_roles(cfg, role_map)
-    check_team(cfg, role_map)
+    roles = role_map(cfg)
+    sub_roles(cfg, roles)
+    check_team(cfg, roles)
     if uses_adapters(cfg.policy):
         check_adapters(cfg)
 

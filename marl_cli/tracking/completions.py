@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from marl_cli.core.samples import Sample
+from marl_cli.core.staleness import Staleness
 
 COLUMNS = ("step", "split", "role", "policy", "task", "branch", "turn", "reward", "advantage", "success",
            "format_ok", "finished", "prompt", "completion")
@@ -40,19 +41,18 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
             if s.policy_version is not None:  # the weights that sampled it, and (training rows) how many updates old
                 records[-1]["policy_version"] = s.policy_version
                 if rng is not None:
-                    records[-1]["staleness"] = step - 1 - s.policy_version
+                    records[-1]["staleness"] = Staleness.age(s, step)
             records[-1].update(_credit(s))
     return records
 
 
 def _credit(s: Sample) -> dict[str, Any]:
-    """What a row's credit came from beyond its reward, where it has it: per-token advantages (HICRA, PPO), the
-    critic's values (``values`` per token, ``value`` and ``q_value`` per row) and the critic's targets."""
+    """What a row's credit came from beyond its reward, where it has it: per-token advantages (HICRA, PPO) and what
+    a value-based algorithm's critic put on it (``Sample.estimates``: values, Q values, the critic's targets)."""
     out: dict[str, Any] = {}
-    for key in ("token_advantages", "values", "returns"):
-        if getattr(s, key):
-            out[key] = [round(a, 6) for a in getattr(s, key)]
-    for key in ("value", "q_value"):
-        if getattr(s, key) is not None:
-            out[key] = round(getattr(s, key), 6)
+    for key, value in {"token_advantages": s.token_advantages, **s.estimates}.items():
+        if isinstance(value, list) and value:
+            out[key] = [round(a, 6) for a in value]
+        elif isinstance(value, float | int):
+            out[key] = round(value, 6)
     return out

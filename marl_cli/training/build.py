@@ -17,6 +17,7 @@ from marl_cli import determinism
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.team import policy_models, role_sampling
 from marl_cli.config.validate import check_config, check_device
+from marl_cli.core.staleness import Staleness
 from marl_cli.core.world import World
 from marl_cli.credit import CREDITS
 from marl_cli.envs import ENVS, build_env
@@ -30,7 +31,8 @@ from marl_cli.policies.regime import (
     resume_sources,
     routing,
 )
-from marl_cli.policies.roles import assign_roles, sub_roles, uses_adapters
+from marl_cli.policies.roles import role_map as run_role_map
+from marl_cli.policies.roles import sub_roles, uses_adapters
 from marl_cli.policies.scripted import NoTokens, is_scripted, scripted_routing
 from marl_cli.rollout.backends import BACKENDS
 from marl_cli.rollout.backends.base import Generator
@@ -175,6 +177,7 @@ class Run:
         rollout: the team, the policies as routed now, the generation backend and the sampling settings.
         source: where the policies were loaded from.
         world: the processes training the run together (``core/world.py``).
+        staleness: how many updates its rows may trail the learner (``trainer.max_staleness``, ``core/staleness.py``).
     """
 
     cfg: DictConfig
@@ -183,6 +186,7 @@ class Run:
     rollout: Rollout
     source: PolicySource = field(default_factory=PolicySource)
     world: World = field(default_factory=World)
+    staleness: Staleness = field(default_factory=Staleness)
 
     @property
     def workflow(self) -> Workflow:
@@ -256,11 +260,12 @@ def build_run(cfg: DictConfig, run_dir: Path) -> Run:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     workflow = build_team(cfg)
-    role_map = assign_roles(cfg.policy, workflow.roles)
+    role_map = run_role_map(cfg)
     device = placement(cfg, role_map)
     source = PolicySource.of(cfg)
     mine = sub_roles(cfg, role_map) if OmegaConf.select(cfg, "trainer.role") == "sub" else role_map
     owned = {r: p for r, p in role_map.items() if r in mine}
     policies = source.load(cfg, run_dir, owned, device)
     rollout = build_rollout(cfg, workflow, policies, {**routing(role_map, policies), **scripted_routing(cfg.policy)})
-    return Run(cfg, run_dir, role_map, rollout, source, World.current())
+    staleness = Staleness(OmegaConf.select(cfg, "trainer.max_staleness", default=0))
+    return Run(cfg, run_dir, role_map, rollout, source, World.current(), staleness)

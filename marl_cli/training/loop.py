@@ -180,7 +180,7 @@ class Trainer:
         self.run.generator.release()
         t_rollout = time.perf_counter() - t0
         metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
-        metrics.update(staleness_metrics([s for s in samples if s.role in self.trained_roles], step))
+        metrics.update(self.run.staleness.metrics([s for s in samples if s.role in self.trained_roles], step))
         if self.critics is not None:
             self.critics.annotate(samples)
         rows = self.advantages(samples, rollouts, metrics)
@@ -318,17 +318,6 @@ class Trainer:
         if run.world.main:
             write_json(path, summary)
         return summary
-
-
-def staleness_metrics(samples: list[Sample], step: int) -> dict[str, float]:
-    """How many updates old the rows trained at ``step`` are (step − 1 − their policy version): mean, max and the
-    share of rows of each age (``async/staleness_<n>``)."""
-    ages = [step - 1 - s.policy_version for s in samples if s.policy_version is not None]
-    if not ages:
-        return {}
-    metrics = {"async/staleness_mean": sum(ages) / len(ages), "async/staleness_max": float(max(ages))}
-    metrics.update({f"async/staleness_{age}": ages.count(age) / len(ages) for age in sorted(set(ages))})
-    return metrics
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

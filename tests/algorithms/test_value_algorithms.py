@@ -20,8 +20,10 @@ register_configs()
 
 
 def _row(task, turn, role="agent", tokens=1, reward=0.0, values=(), value=None, q_value=None, branch=0):
+    estimates = {"values": list(values), "value": value, "q_value": q_value}
     return Sample(task=task, branch=branch, turn=turn, role=role, policy="shared", prompt_ids=[3],
-                  completion_ids=[5] * tokens, reward=reward, values=list(values), value=value, q_value=q_value)
+                  completion_ids=[5] * tokens, reward=reward,
+                  estimates={k: v for k, v in estimates.items() if v not in (None, [])})
 
 
 def _cfg(**kw):
@@ -38,8 +40,9 @@ def test_ppo_runs_gae_over_a_roles_turns_as_one_token_sequence():
     assert rows[2].token_advantages == pytest.approx([1.4224, 2.42])
     assert rows[0].token_advantages == pytest.approx([1.0])
     assert rows[1].token_advantages == pytest.approx([-1.3])
-    assert rows[2].returns == pytest.approx([1.9224, 2.62]) and rows[0].returns == pytest.approx([2.0])
-    assert rows[1].returns == pytest.approx([-1.0])
+    returns = [s.estimates["returns"] for s in rows]
+    assert returns[2] == pytest.approx([1.9224, 2.62]) and returns[0] == pytest.approx([2.0])
+    assert rows[1].estimates["returns"] == pytest.approx([-1.0])
     assert rows[2].advantage == pytest.approx((1.4224 + 2.42) / 2)
 
 
@@ -63,9 +66,9 @@ def test_marft_runs_gae_agent_after_agent_and_turn_after_turn():
     marft_estimator(rows, _cfg(name="marft", gamma=0.5, lam=1.0, whiten=False), random.Random(0))
     # λ = 1: R = the discounted returns along a0 → b0 → a1 → b1: 0.75, 1.5, 1, 2; A = R − V
     episode = [rows[i] for i in (0, 2, 3, 4)]
-    assert [s.returns[0] for s in episode] == pytest.approx([0.75, 1.5, 1.0, 2.0])
+    assert [s.estimates["returns"][0] for s in episode] == pytest.approx([0.75, 1.5, 1.0, 2.0])
     assert [s.advantage for s in episode] == pytest.approx([0.65, 1.3, 0.7, 1.6])
-    assert [rows[1].returns[0], rows[5].returns[0]] == pytest.approx([5.0, 0.0])
+    assert [rows[1].estimates["returns"][0], rows[5].estimates["returns"][0]] == pytest.approx([5.0, 0.0])
     rows = [_row(0, 0, "a", value=0.1), _row(0, 0, "b", value=0.2, reward=1.0)]
     marft_estimator(rows, _cfg(name="marft", gamma=0.5, lam=0.5, whiten=False), random.Random(0))
     # δ_b = 1 − 0.2 = 0.8; δ_a = 0.5·0.2 − 0.1 = 0; A_a = 0 + 0.25·0.8 = 0.2

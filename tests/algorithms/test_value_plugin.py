@@ -32,8 +32,8 @@ class BaselineConfig(AlgorithmConfig):
 
 def estimator(rows, cfg, rng, rollouts=None):
     for s in rows:
-        s.advantage = s.reward - cfg.weight * s.value
-    return rows, {"value_mean": sum(s.value for s in rows) / max(len(rows), 1)}
+        s.advantage = s.reward - cfg.weight * s.estimates["value"]
+    return rows, {"value_mean": sum(s.estimates["value"] for s in rows) / max(len(rows), 1)}
 
 
 def regress(critic, replay, rows, cfg, step, rng):

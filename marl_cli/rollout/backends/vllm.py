@@ -28,14 +28,14 @@ def engine_policies(cfg: Any) -> list[str]:
     """The policies one process of the run starts an engine for, in the order the roles first name them: each
     full-model policy its roles act through (a decoupled sub trainer: its sub roles'), or under an adapter regime
     each frozen base the adapters are served from (one per model config: ``lora_base``, ``lora_base_<policy>``)."""
-    from marl_cli.policies.roles import assign_roles, lora_bases, sub_roles, uses_adapters
+    from marl_cli.policies.roles import lora_bases, role_map, sub_roles, uses_adapters
 
-    role_map = assign_roles(cfg.policy, list(cfg.workflow.roles))
+    roles = role_map(cfg)
     if uses_adapters(cfg.policy):
-        return list(dict.fromkeys(lora_bases(role_map, cfg.model, policy_models(cfg)).values()))
+        return list(dict.fromkeys(lora_bases(roles, cfg.model, policy_models(cfg)).values()))
     if OmegaConf.select(cfg, "trainer.role") == "sub":
-        role_map = {r: role_map[r] for r in sub_roles(cfg, role_map)}
-    return list(dict.fromkeys(role_map.values()))
+        roles = {r: roles[r] for r in sub_roles(cfg, roles)}
+    return list(dict.fromkeys(roles.values()))
 
 
 def vllm_on_cpu() -> bool:

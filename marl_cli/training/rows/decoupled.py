@@ -4,10 +4,10 @@
 rollout of step s it writes every sub-trajectory (key ``<step>/<task>/<branch>/<role>/<segment>``)
 to stream ``sub/<s>``, in one transaction with the record ``step/<s>`` (the step's rollouts and item
 count); a step already in the store (a restarted main) is not written again. Before rolling out it
-loads the sub policy's newest published weights, waiting until they are at least version s − 1 − k
+loads the sub policy's newest published weights, waiting until they are at least version max(0, s − 1 − k)
 (``trainer.max_staleness=k``; 0: the sub trainer has trained on every earlier step). The sub rows record the
 version they were sampled from (``Sample.policy_version``), so the sub trainer's rows are at most k updates
-old: the same bound, per row, as the rollout worker's (``training/rows/rollout_worker.py``).
+old: the same bound, per row, as the rollout worker's, from the same rule (``core/staleness.py``).
 
 ``trainer.role=sub`` takes the steps in order: waits for ``step/<s>``, reads the stream's items its
 consumer has not acknowledged, recomputes their rewards (the workflow's sub reward), aligns them
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.core.samples import Sample
+from marl_cli.core.samples import COMPUTED, Sample
+from marl_cli.core.staleness import Staleness
 from marl_cli.policies.regime import Policy
 from marl_cli.store import Store
 
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 CONSUMER = "sub"
 WEIGHTS = "weights"
 KEEP_VERSIONS = 3
-COMPUTED = ("advantage", "keep", "token_advantages", "values", "value", "q_value", "returns")
-"""What the trainer that reads rows computes itself (the algorithm's fields), so the store does not carry them."""
 
 
 def to_item(rows: list[Sample]) -> dict[str, Any]:
@@ -55,7 +54,7 @@ class Exchange:
     def __init__(self, store: Store, cfg: Any, run_dir: Path, sub_roles: list[str], sub_policy: str):
         self.store = store
         self.role = cfg.trainer.role
-        self.max_staleness = cfg.trainer.max_staleness
+        self.staleness = Staleness(cfg.trainer.max_staleness)
         self.namespace = cfg.store.namespace
         self.poll_s = cfg.store.poll_s
         self.timeout_s = cfg.store.timeout_s
@@ -73,7 +72,7 @@ class Exchange:
                                   "another store.namespace=... (both trainers must use it)")
             self.publish(0, policies)
         else:
-            self.refresh(policies, 0)
+            self.load(policies, 0, "the main trainer to start and publish the sub-agent's starting weights")
 
     def publish(self, version: int, policies: dict[str, Policy]) -> None:
         """Save the sub policy as weights ``version`` and announce it (older versions beyond a few are removed)."""
@@ -89,19 +88,22 @@ class Exchange:
         for old in sorted(root.glob("v*"))[:-KEEP_VERSIONS]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def refresh(self, policies: dict[str, Policy], version: int) -> dict[str, float]:
-        """Load the newest published weights into the sub policy, waiting first until they reach ``version`` −
-        ``max_staleness`` (the main trainer) or ``version`` (the sub trainer's start)."""
-        least = version - self.max_staleness if self.role == "main" else version
+    def refresh(self, policies: dict[str, Policy], step: int) -> dict[str, float]:
+        """Main, before playing step ``step``: load the sub policy's newest published weights, waiting first until
+        they reach the oldest version the step may be played from (``Staleness.version``)."""
+        least = self.staleness.version(step)
+        self.load(policies, least, f"the sub trainer's weights of step {least} or newer")
+        return {"store/sub_weights_version": float(self.loaded), "store/lag_steps": float(step - 1 - self.loaded)}
+
+    def load(self, policies: dict[str, Policy], least: int, what: str) -> None:
+        """Load the newest published weights into the sub policy, waiting for ``what`` until their version is at
+        least ``least``."""
         record = self.store.get(WEIGHTS) or {"version": self.loaded, "path": ""}
         if record["version"] < least:
-            what = (f"the sub trainer's weights of step {least} or newer" if self.role == "main" else
-                    "the main trainer to start and publish the sub-agent's starting weights")
             record = self.store.wait(WEIGHTS, lambda r: r["version"] >= least, self.poll_s, self.timeout_s, what)
         if record["version"] > self.loaded:
             policies[self.sub_policy].load_weights(Path(record["path"]))
             self.loaded = record["version"]
-        return {"store/sub_weights_version": float(self.loaded), "store/lag_steps": float(version - self.loaded)}
 
     def send(self, step: int, samples: list[Sample]) -> dict[str, float]:
         """Main: write step ``step``'s sub-trajectories and its rollouts in one transaction (once per step).

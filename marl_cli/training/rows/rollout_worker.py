@@ -2,12 +2,13 @@
 episodes while the learner trains; this module holds both its sides.
 
 **Schedule.** Step s is played from the weights after update v(s) = max(0, s − 1 − k) (its *policy version*, on
-every row: ``Sample.policy_version``) and trained after update s − 1, so every row is min(k, s − 1) updates old
-(its *staleness*) and never more: the worker waits for the version a step needs instead of running further ahead.
-No row is ever dropped for its age, so no generation is wasted (discard-and-requeue starves slow, long episodes);
-how the learner treats the bounded staleness is ``trainer.is_correction`` (``*_truncate``: importance-correct each
-token or row by exp(learner − sampler log-prob); ``*_mask``: drop the tokens or rows whose ratio leaves the bounds;
-``none``: train them as on-policy). A tree rollout is played inside one step, so it stays within one version.
+every row: ``Sample.policy_version``; the rule is ``core/staleness.py``'s) and trained after update s − 1, so
+every row is min(k, s − 1) updates old (its *staleness*) and never more: the worker waits for the version a step
+needs instead of running further ahead. No row is ever dropped for its age, so no generation is wasted
+(discard-and-requeue starves slow, long episodes); how the learner treats the bounded staleness is
+``trainer.is_correction`` (``*_truncate``: importance-correct each token or row by exp(learner − sampler
+log-prob); ``*_mask``: drop the tokens or rows whose ratio leaves the bounds; ``none``: train them as on-policy).
+A tree rollout is played inside one step, so it stays within one version.
 
 **Determinism.** Step s's episodes are drawn from a seed of (run seed, step, rank) and version v(s), never from
 the timing, so a run with k > 0 is as reproducible as a synchronous one (on the same machine and threads).
@@ -50,11 +51,6 @@ POLL_S = 0.5
 """How often a waiting side looks at the other (and the worker reports that it is alive)."""
 
 
-def policy_version(step: int, max_staleness: int) -> int:
-    """The weights version (updates applied) step ``step`` is played from: max(0, step − 1 − k)."""
-    return max(0, step - 1 - max_staleness)
-
-
 def step_seed(seed: int, step: int, rank: int) -> int:
     """The seed of step ``step``'s episodes on rank ``rank``: a function of the three only."""
     return random.Random(f"marl-rollout/{seed}/{step}/{rank}").getrandbits(62)
@@ -79,6 +75,7 @@ class WorkerSpec:
     cfg: dict[str, Any]
     role_map: dict[str, str]
     routing: dict[str, str]
+    staleness: Any  # core.staleness.Staleness
     version: int
     first_step: int
     rank: int
@@ -117,12 +114,12 @@ class RolloutWorker:
         self.sent = {name: policy.version for name, policy in run.policies.items()}
         ctx = multiprocessing.get_context("spawn")
         self.weights: Any = ctx.Queue()
-        self.rows: Any = ctx.Queue(maxsize=max(cfg.trainer.max_staleness, 1))
+        self.rows: Any = ctx.Queue(maxsize=max(run.staleness.max_staleness, 1))
         self.beat: Any = ctx.Value("d", time.time())
         from omegaconf import OmegaConf
 
         spec = WorkerSpec(OmegaConf.to_container(cfg, resolve=True), dict(run.role_map), dict(run.routing),
-                          version, first_step, run.world.rank, run.world.size, os.getpid())
+                          run.staleness, version, first_step, run.world.rank, run.world.size, os.getpid())
         self.weights.put((version, serialize(run.policies)))
         self.process = ctx.Process(target=worker_main, args=(spec, self.weights, self.rows, self.beat),
                                    name=f"marl-rollout-{run.world.rank}", daemon=True)
@@ -233,9 +230,8 @@ class _Worker:
         self.schedule = Schedule.of(cfg, spec.role_map)
 
     def loop(self) -> None:
-        k = self.cfg.trainer.max_staleness
         for step in range(self.spec.first_step, self.cfg.trainer.steps + 1):
-            while self.version < policy_version(step, k):
+            while self.version < self.spec.staleness.version(step):
                 with self.loading():
                     self.load_next()
             self.put(("rows", self.play(step)))
@@ -287,8 +283,7 @@ class _Worker:
             rollout.start_generator()  # vLLM: the engines start (or wake) here
         result = rollout.play(world.share(step_tasks(rollout.workflow, step, cfg.rollout.tasks_per_step)),
                               cfg.algorithm.num_generations, random.Random(seed))
-        for sample in result.samples:
-            sample.policy_version = self.version
+        spec.staleness.stamp(result.samples, self.version)
         return Played(step, self.version, renumbered(world, result), time.perf_counter() - t0)
 
     def put(self, message: tuple[str, Any]) -> None:

@@ -51,8 +51,7 @@ class RolloutRows:
             return run.rollout.play(mine, cfg.algorithm.num_generations, rng)
 
         result = run.play(tasks, play)
-        for sample in result.samples:
-            sample.policy_version = step - 1
+        run.staleness.stamp(result.samples, step - 1)  # played from the newest weights
         rng.setstate(run.world.from_main(rng.getstate()))  # the ranks shuffle and select alike from here on
         metrics.update(rollout_metrics(result, "train"))
         metrics.update(self.after_rollout(step, result.samples))
@@ -125,7 +124,7 @@ class AsyncRows(RolloutRows):
 
     def in_flight(self, step: int) -> dict[int, Played]:
         """The steps after ``step`` the worker has played or is playing: ``max_staleness`` of them (waited for)."""
-        last = min(step + self.run.cfg.trainer.max_staleness, self.run.cfg.trainer.steps)
+        last = min(step + self.run.staleness.max_staleness, self.run.cfg.trainer.steps)
         for later in range(step + 1, last + 1):
             if later not in self.ahead:
                 self.ahead[later] = self.worker.receive(later)
@@ -156,12 +155,10 @@ class MainRows(RolloutRows):
         self.exchange = exchange
 
     def before_rollout(self, step: int) -> dict[str, float]:
-        return self.exchange.refresh(self.run.policies, step - 1)
+        return self.exchange.refresh(self.run.policies, step)
 
     def after_rollout(self, step: int, samples: list[Sample]) -> dict[str, float]:
-        for sample in samples:
-            if sample.role in self.exchange.sub_roles:
-                sample.policy_version = self.exchange.loaded
+        self.run.staleness.stamp((s for s in samples if s.role in self.exchange.sub_roles), self.exchange.loaded)
         return self.exchange.send(step, samples)
 
     def start(self, policies: dict[str, Policy]) -> None:
@@ -169,8 +166,8 @@ class MainRows(RolloutRows):
         self.exchange.start(policies)
 
     def finish(self, step: int) -> None:
-        if self.run.cfg.trainer.max_staleness == 0:
-            self.exchange.refresh(self.run.policies, step)
+        if self.run.staleness.max_staleness == 0:  # the evaluation plays as the step after the last
+            self.exchange.refresh(self.run.policies, step + 1)
 
     def close(self) -> None:
         self.exchange.store.close()
@@ -224,5 +221,5 @@ class StoreRows(MainRows):
 def row_source(run: Run, exchange: Exchange | None = None) -> RolloutRows:
     """The rows of a run: plain rollouts, or a decoupled trainer's side of the ``exchange`` (by its role)."""
     if exchange is None:
-        return AsyncRows(run) if run.cfg.trainer.max_staleness else RolloutRows(run)
+        return AsyncRows(run) if run.staleness.max_staleness else RolloutRows(run)
     return StoreRows(run, exchange) if exchange.role == "sub" else MainRows(run, exchange)

@@ -66,8 +66,8 @@ def test_published_weights_reach_the_other_trainer_and_old_versions_are_pruned(t
     for version in range(1, KEEP_VERSIONS + 3):
         sub.publish(version, theirs)
     assert len(list((tmp_path / "sub" / "published").glob("v*"))) == KEEP_VERSIONS
-    assert main.refresh(mine, KEEP_VERSIONS + 2) == {"store/sub_weights_version": KEEP_VERSIONS + 2.0,
-                                                     "store/lag_steps": 0.0}
+    assert main.refresh(mine, KEEP_VERSIONS + 3) == {"store/sub_weights_version": KEEP_VERSIONS + 2.0,
+                                                     "store/lag_steps": 0.0}  # step s played from update s - 1
 
 
 def test_the_newest_complete_checkpoint_is_resumed_with_its_rng(tmp_path):

@@ -15,12 +15,11 @@ import torch
 from safetensors.torch import load_file
 
 from marl_cli.config.errors import RunError
-from marl_cli.core.samples import Sample
 from marl_cli.training.build import build_run
 from marl_cli.training.hooks import Hook
 from marl_cli.training.learner import policy_trainer
-from marl_cli.training.loop import Trainer, staleness_metrics, train
-from marl_cli.training.rows.rollout_worker import RolloutWorker, policy_version, step_seed, step_tasks
+from marl_cli.training.loop import Trainer, train
+from marl_cli.training.rows.rollout_worker import RolloutWorker, step_seed, step_tasks
 from marl_cli.training.rows.sources import AsyncRows, RolloutRows, row_source
 from tests.helpers import FAST, SMALL, marl, torch_threads, train_config
 
@@ -80,18 +79,8 @@ def _fit(cfg, run: Path, hook: Hook) -> dict:
     return trainer.fit()
 
 
-def test_step_s_is_played_from_the_weights_after_update_s_minus_1_minus_k():
-    assert [policy_version(s, 0) for s in range(1, 6)] == [0, 1, 2, 3, 4]  # synchronous
-    assert [policy_version(s, 2) for s in range(1, 7)] == [0, 0, 0, 1, 2, 3]
+def test_each_steps_episodes_have_a_seed_of_their_own():
     assert step_seed(0, 3, 0) == step_seed(0, 3, 0) != step_seed(0, 3, 1) != step_seed(0, 4, 0)
-
-
-def test_staleness_metrics_count_the_updates_between_sampling_and_training():
-    rows = [Sample(0, b, 0, "a", "p", [1], [2], 0.0, policy_version=v) for b, v in enumerate([3, 3, 2, 4])]
-    assert staleness_metrics(rows, 5) == {"async/staleness_mean": 1.0, "async/staleness_max": 2.0,
-                                          "async/staleness_0": 0.25, "async/staleness_1": 0.5,
-                                          "async/staleness_2": 0.25}
-    assert staleness_metrics([Sample(0, 0, 0, "a", "p", [1], [2], 0.0)], 5) == {}  # no version: no figure
 
 
 def test_max_staleness_0_is_the_synchronous_source(tmp_path):

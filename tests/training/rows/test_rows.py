@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from marl_cli.config.schema import StoreConfig
+from marl_cli.core.staleness import Staleness
 from marl_cli.rollout.engine import Rollout
 from marl_cli.rollout.generation import Sampling
 from marl_cli.store import build_store
@@ -43,7 +44,7 @@ def _run(tmp_path: Path, *overrides: str) -> Run:
     role_map = {role: role for role in workflow.roles}
     policies = {role: FakePolicy(role) for role in workflow.roles}
     rollout = Rollout(workflow, policies, dict(role_map), ScriptedGenerator(lambda *a: "#### R R D D"), Sampling(1.0))
-    return Run(cfg, tmp_path, role_map, rollout)
+    return Run(cfg, tmp_path, role_map, rollout, staleness=Staleness(cfg.trainer.max_staleness))
 
 
 def _exchange(tmp_path: Path, role: str, max_staleness: int = 0) -> Exchange:
@@ -116,7 +117,7 @@ def test_a_resumed_sub_trainer_acknowledges_what_its_checkpoint_holds(tmp_path):
 def test_main_rolls_out_with_sub_weights_at_most_max_staleness_updates_old(tmp_path, max_staleness):
     """Step 3 is due from sub weights of step 2 − k: with k = 1 version 1 will do, with k = 0 main waits (here: in
     vain); the sub rows record the version they were sampled from."""
-    run = _run(tmp_path)
+    run = _run(tmp_path, f"trainer.max_staleness={max_staleness}")
     main = MainRows(run, _exchange(tmp_path, "main", max_staleness))
     main.start(run.policies)
     main.exchange.store.set("weights", {"version": 1, "path": str(tmp_path / "main" / "published" / "v000000")})
