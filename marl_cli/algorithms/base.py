@@ -21,6 +21,8 @@ from marl_cli.core.samples import Sample
 Estimator = Callable[[list[Sample], Any, random.Random, "dict[int, list[int]] | None"],
                      tuple[list[Sample], dict[str, float]]]
 """``(rows, algorithm config, rng, rollouts per task or None) -> (rows as trained with advantages, statistics)``."""
+Label = Callable[[Callable[[str], Any], bool], str]
+"""``(read a key of the run's config, its workflow is single-agent) -> the method's row label in `marl report```."""
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,15 @@ class Algorithm:
             trains workflows rewarded per trajectory and can run as decoupled main/sub trainers.
         values: what it needs from a learned value model and how it trains it (``algorithms/values.py``); the
             loop's critic phase puts the critic's values on the rows before the estimator runs. None: critic-free.
+        label: the row label ``marl report`` gives a run trained with it (see ``Label``; the papers' table names).
+            None: the algorithm's name.
     """
 
     advantages: Estimator
     modes: tuple[str, ...] = ("independent",)
     hierarchical: bool = False
     values: ValueLearning | None = None
+    label: Label | None = None
 
     @property
     def critic(self) -> str | None:

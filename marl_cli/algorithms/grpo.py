@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +182,20 @@ def check_turn_credit(cfg: Any) -> None:
                           "turn (a group is one state's K candidates): use algorithm.mode=independent")
 
 
-ALGORITHMS.register("grpo", schema=GRPOConfig, check=check_turn_credit)(Algorithm(grpo_estimator))
+AT_GRPO_REGIMES = {"shared": "AT-GRPO, shared policy", "per_role": "AT-GRPO, per-role policies",
+                   "lora_per_role": "AT-GRPO, LoRA per role"}
+"""AT-GRPO's rows in the paper's tables, by policy regime."""
+
+
+def grpo_label(key: Callable[[str], Any], single: bool) -> str:
+    return "single agent + GRPO" if single else "MAS + GRPO"
+
+
+def at_grpo_label(key: Callable[[str], Any], single: bool) -> str:
+    policy = str(key("policy.name"))
+    return AT_GRPO_REGIMES.get(policy, f"AT-GRPO, {policy}")
+
+
+ALGORITHMS.register("grpo", schema=GRPOConfig, check=check_turn_credit)(Algorithm(grpo_estimator, label=grpo_label))
 ALGORITHMS.register("at_grpo", schema=ATGRPOConfig, check=check_turn_credit)(
-    Algorithm(grpo_estimator, modes=("independent", "tree")))
+    Algorithm(grpo_estimator, modes=("independent", "tree"), label=at_grpo_label))

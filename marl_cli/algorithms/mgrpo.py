@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -173,4 +173,10 @@ def mgrpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
                             rng, rollouts)
 
 
-ALGORITHMS.register("m_grpo", schema=MGRPOConfig)(Algorithm(mgrpo_estimator, hierarchical=True))
+def mgrpo_label(key: Callable[[str], Any], single: bool) -> str:
+    """M-GRPO's row in the paper's tables, naming the roles kept frozen."""
+    frozen = key("trainer.frozen_roles") or []
+    return "M-GRPO" + (", frozen " + ", ".join(map(str, frozen)) if frozen else "")
+
+
+ALGORITHMS.register("m_grpo", schema=MGRPOConfig)(Algorithm(mgrpo_estimator, hierarchical=True, label=mgrpo_label))

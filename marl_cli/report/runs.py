@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from marl_cli.algorithms import ALGORITHMS
 from marl_cli.report.budget import budget_differences, experiment_of
 
 BOOKKEEPING = ("seed", "logger", "progress", "hydra", "hparams_search", "trainer.resume")
@@ -37,8 +38,6 @@ SOURCES = {"aime24": "AIME24", "aime25": "AIME25", "olympiadbench": "OlympiadBen
            "livecodebench": "LiveCodeBench", "apps": "APPS", "code_contests": "CodeContests", "gaia": "GAIA",
            "xbench": "XBench-DeepSearch", "webwalkerqa": "WebWalkerQA"}
 EMBEDDED = {"math": "Math (embedded)", "code": "Code (embedded)", "research": "Research (embedded)"}
-AT_GRPO_REGIMES = {"shared": "AT-GRPO, shared policy", "per_role": "AT-GRPO, per-role policies",
-                   "lora_per_role": "AT-GRPO, LoRA per role"}
 
 
 class ReportError(Exception):
@@ -315,15 +314,10 @@ def method_label(config: dict[str, Any], command: str = "train", loaded: str | N
     if get(config, "trainer.steps") == 0 or command == "eval":
         return "single agent" if single else "MAS, prompt only"
     algorithm = get(config, "algorithm.name")
-    if algorithm == "grpo":
-        return "single agent + GRPO" if single else "MAS + GRPO"
-    if algorithm == "at_grpo":
-        policy = str(get(config, "policy.name"))
-        return AT_GRPO_REGIMES.get(policy, f"AT-GRPO, {policy}")
-    if algorithm == "m_grpo":
-        frozen = get(config, "trainer.frozen_roles") or []
-        return "M-GRPO" + (", frozen " + ", ".join(map(str, frozen)) if frozen else "")
-    return str(algorithm or "unknown method")
+    label = ALGORITHMS.get(algorithm).label if algorithm in ALGORITHMS else None
+    if label is None:
+        return str(algorithm or "unknown method")
+    return label(lambda key: get(config, key), single)
 
 
 def benchmark_label(config: dict[str, Any]) -> str:

@@ -79,6 +79,9 @@ def test_a_search_skips_the_empty_dirs_older_resumes_left(tmp_path, monkeypatch)
       "trainer": {"steps": 5, "frozen_roles": []}}, "train", "M-GRPO"),
     ({"workflow": {"name": "deep_research"}, "algorithm": {"name": "m_grpo"},
       "trainer": {"steps": 5, "frozen_roles": ["sub"]}}, "train", "M-GRPO, frozen sub"),
+    ({"workflow": {"name": "tool_plan"}, "algorithm": {"name": "ppo"}, "trainer": {"steps": 5}}, "train", "ppo"),
+    ({"workflow": {"name": "tool_plan"}, "algorithm": {"name": "not_loaded"}, "trainer": {"steps": 5}}, "train",
+     "not_loaded"),  # a plug-in this process has not loaded: its name
 ])
 def test_method_labels(config, command, label):
     assert method_label(config, command) == label
