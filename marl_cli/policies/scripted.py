@@ -10,7 +10,8 @@ evaluation and logged rows are as for any role. Its rows carry no token ids and 
 
 Built-in actors: ``oracle`` (the workflow's ``demonstration``: the environment's oracle in the workflow's answer
 format; where it has none, an empty answer, which scores as the row's format failure, so the role's
-``format_failure`` rate counts those turns) and ``empty`` (always answers nothing: a partner that never helps). A
+``format_failure`` rate counts those turns), ``empty`` (always answers nothing: a partner that never helps) and, for
+a seat of ``workflow=game``, the game's bots (``GAME_BOTS``: ``random``, ``first_legal``, ``mcts``, ``minimax``). A
 plug-in (a module in ``MARL_PLUGINS`` or the ``marl.plugins`` entry points) registers its own::
 
     from marl_cli.policies.scripted import ACTORS
@@ -67,6 +68,22 @@ def empty(workflow: Team, role: str, state: Any) -> str:
     return ""
 
 
+GAME_BOTS = ("random", "first_legal", "mcts", "minimax")
+"""Players a game env offers (``bot_move``, ``envs/openspiel.py``): a seat of ``workflow=game`` they can fill."""
+
+
+def _game_bot(bot: str) -> Actor:
+    def act(workflow: Team, role: str, state: Any) -> str:
+        return workflow.format_answer(workflow.env.bot_move(state.env, bot) or "")  # type: ignore[attr-defined]
+
+    act.__doc__ = f"The game's {bot} player: its move in the position, in the workflow's answer format."
+    return act
+
+
+for _bot in GAME_BOTS:
+    ACTORS.register(_bot)(_game_bot(_bot))
+
+
 class NoTokens:
     """The tokenizer of a scripted pseudo-policy, for the readable rows (``tracking.completions``): its rows have
     no token ids, so they read as empty."""
@@ -116,6 +133,9 @@ def check_scripted(cfg: Any) -> None:
         if actor not in ACTORS:
             raise ConfigError(f"policy.scripted.{role}={actor!r}: no scripted actor of that name; choose from: "
                               f"{', '.join(ACTORS.names())} (a plug-in's? name its module in {PLUGIN_ENV})")
+        if actor in GAME_BOTS and cfg.workflow.name != "game":
+            raise ConfigError(f"policy.scripted.{role}={actor} plays a game's seat; workflow={cfg.workflow.name} is "
+                              "not a game (use workflow=game env=openspiel)")
     if set(roles) <= set(scripted):
         raise ConfigError(f"policy.scripted scripts every role {roles}: no model is left to act or train "
                           "(leave at least one role to a policy)")

@@ -1,0 +1,98 @@
+"""Games: each role is a seat of the game (``workflow.roles`` in seat order), and the seat to move acts.
+
+Every turn offers each seat its stage, in seat order; a seat acts only when the game says it is to move
+(``acting``), so alternating games, games where a seat moves twice, and a seat moving again after an illegal move
+(``env.illegal=retry``) all play in the same loop. A seat's prompt names its seat, the rules, its view of the game
+and the legal moves (``{seat}``, ``{legal}`` beside the usual fields). Outcomes are known only when the game
+ends: ``settle`` writes each seat's return (``OpenSpielEnv.returns``) as the reward of every row of that seat,
+plus the retry penalty on a row whose move was illegal, and marks the row ``success`` when its seat won
+(its return above every other seat's). Each row's ``info`` records ``win``, ``draw`` and ``loss`` for its seat,
+``illegal`` for the row and ``truncated`` for a game cut off by ``workflow.max_turns``.
+
+Who fills a seat is the policy regime's choice: one policy in every seat (``policy=shared``: self-play, each
+seat told who it is), a policy per seat (``policy=per_role``), or a bot (``policy.scripted.player_1=mcts``:
+``BOTS`` in ``envs/openspiel.py``), whose turns never train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from marl_cli.config.errors import ConfigError
+from marl_cli.config.schema import WorkflowConfig
+from marl_cli.core.samples import Sample
+from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
+
+PROMPT = ("{rules}\nYou are {role} (seat {seat} of the game).\n{observation}\nLegal moves: {legal}\n"
+          "Reply with one legal move after {marker}.\n")
+
+
+@dataclass
+class GameWorkflowConfig(WorkflowConfig):
+    """Seats of a game (``workflow=game``)."""
+
+    roles: list[str] = field(default_factory=lambda: ["player_0", "player_1"])  # the seats, in the game's order
+    prompt: str = PROMPT  # fields as any workflow's, plus {seat} (its number) and {legal} (the legal moves)
+
+
+def check_seats(cfg: Any) -> None:
+    """The env is a game and the workflow has a role for each of its seats; a bot in a seat can play it."""
+    from marl_cli.envs.base import ENVS
+    from marl_cli.envs.openspiel import check_bot, load_game
+
+    if not hasattr(ENVS.get(cfg.env.name), "returns"):
+        raise ConfigError(f"workflow=game plays games; env={cfg.env.name} is not one (use env=openspiel)")
+    game = load_game(cfg.env)
+    roles = list(cfg.workflow.roles)
+    if len(roles) != game.num_players():
+        raise ConfigError(f"workflow.roles names {len(roles)} seats ({', '.join(roles)}) but {cfg.env.game} is played "
+                          f"by {game.num_players()}: give one role per seat")
+    for role, bot in (cfg.policy.get("scripted") or {}).items():
+        if bot not in ("oracle", "empty"):
+            check_bot(game, bot, f"policy.scripted.{role}")
+
+
+@WORKFLOWS.register("game", schema=GameWorkflowConfig, check=check_seats)
+class GameWorkflow(Workflow):
+    """The seats of a game over a game env (``OpenSpielEnv``); the seat to move acts."""
+
+    def __init__(self, cfg: Any, env: Any):
+        super().__init__(cfg, env)
+        if not hasattr(env, "returns"):
+            raise ConfigError(f"workflow=game plays games; env={env.cfg.name} is not one (use env=openspiel)")
+        if len(self.roles) != env.players:
+            raise ConfigError(f"workflow.roles names {len(self.roles)} seats but the game is played by {env.players}")
+
+    def acting(self, role: str, state: TeamState) -> bool:
+        return not state.done and self.env.seat(state.env) == self.roles.index(role)
+
+    def prompt(self, role: str, state: TeamState) -> str:
+        seat = self.roles.index(role)
+        return self.render(role, state, {"seat": str(seat), "observation": self.env.view(state.env, seat),
+                                         "legal": ", ".join(self.env.legal_moves(state.env))})
+
+    def act(self, role: str, state: TeamState, text: str) -> Outcome:
+        new, penalty, format_ok, info = self.step_env(state, self.parse(text))
+        return self.outcome(new, penalty, format_ok, info, team=0.0, solved=False)
+
+    def settle(self, state: TeamState, rows: list[Sample]) -> None:
+        """Each seat's return on each of its rows (+ the row's retry penalty), and its win, draw or loss."""
+        returns = self.env.returns(state.env)
+        truncated = float(not state.done)
+        for row in rows:
+            seat = self.roles.index(row.role)
+            others = [r for p, r in enumerate(returns) if p != seat]
+            mine = returns[seat]
+            won, lost = all(mine > r for r in others), all(mine < r for r in others)
+            row.reward = mine + row.info.get("local", 0.0)
+            row.success = won
+            row.info.update(win=float(won), loss=float(lost), draw=float(not won and not lost), truncated=truncated,
+                            seat_return=mine)
+
+    def demonstration(self, role: str, state: TeamState) -> str | None:
+        """A legal move for the seat to move (``OpenSpielEnv.oracle``), None for any other seat."""
+        if not self.acting(role, state):
+            return None
+        move = self.env.oracle(state.env)
+        return None if move is None else self.format_answer(move)
