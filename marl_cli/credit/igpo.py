@@ -26,6 +26,7 @@ first prompt), in batches of ``credit.batch_size``; ``time/credit_s`` is the cos
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -59,32 +60,14 @@ def check_igpo(cfg: Any) -> None:
 
 def reference_probabilities(policy: Any, rows: list[Sample], batch_size: int) -> list[float]:
     """P = exp(mean log π(reference tokens | prompt)) of each row under ``policy``, teacher-forced, no gradient."""
-    import torch
+    from marl_cli.core.scoring import completion_logprobs
 
-    from marl_cli.core.padding import pad_rows
-
-    tokenizer, model = policy.tokenizer, policy.model
-    pad = tokenizer.pad_token_id
+    tokenizer = policy.tokenizer
     policy.activate()
-    training, device = model.training, next(model.parameters()).device
-    model.eval()
-    out: list[float] = []
-    with torch.no_grad():
-        for i in range(0, len(rows), batch_size):
-            chunk = rows[i:i + batch_size]
-            answers = [tokenizer(s.reference, add_special_tokens=False).input_ids for s in chunk]
-            prompt, prompt_mask = pad_rows([s.prompt_ids for s in chunk], pad, left=True)
-            answer, answer_mask = pad_rows(answers, pad, left=False)
-            ids, mask = torch.cat([prompt, answer], 1).to(device), torch.cat([prompt_mask, answer_mask], 1).to(device)
-            positions = (mask.cumsum(1) - 1).clamp(min=0)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           logits_to_keep=answer.size(1) + 1).logits[:, :-1]
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 up, float64 kept
-            logps = torch.log_softmax(logits, -1).gather(-1, answer.to(device).unsqueeze(-1)).squeeze(-1)
-            answer_mask = answer_mask.to(device)
-            out += ((logps * answer_mask).sum(1) / answer_mask.sum(1).clamp(min=1)).exp().tolist()
-    model.train(training)
-    return out
+    answers = [tokenizer(s.reference, add_special_tokens=False).input_ids for s in rows]
+    logps = completion_logprobs(policy.model, [s.prompt_ids for s in rows], answers, tokenizer.pad_token_id,
+                                batch_size)
+    return [math.exp(sum(lp) / max(len(lp), 1)) for lp in logps]
 
 
 def score(rows: list[Sample], credit: Any, run: Any) -> dict[int, float]:

@@ -57,6 +57,8 @@ RULES = {
                    "same payoff.",
 }
 """What a seat is told of the rules of the games marl names (any other game: the library's long name only)."""
+EXACT_GAMES = ("kuhn_poker", "leduc_poker", "tiny_hanabi", "tic_tac_toe")
+"""Games small enough for ``env.nash_conv``: every information state is scored by the model at each evaluation."""
 PUBLIC_MOVES = ("kuhn_poker", "leduc_poker", "hanabi", "tiny_hanabi")
 """Games of hidden information whose moves every seat sees (bets, hints): a seat's view lists them, as it does in
 every game of perfect information; in any other game the library's text for the seat is all it sees."""
@@ -80,6 +82,7 @@ class OpenSpielConfig(EnvConfig):
     mcts_simulations: int = bounded(100, ge=1)  # the mcts bot's simulations per move
     mcts_rollouts: int = bounded(4, ge=1)  # the mcts bot's random rollouts per leaf
     minimax_depth: int = bounded(4, ge=1)  # the minimax bot's search depth (heuristic 0 beyond it)
+    nash_conv: bool = False  # every evaluation adds the exact NashConv of the policy the models induce (EXACT_GAMES)
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,10 @@ def load_game(cfg: Any) -> Any:
 
 
 def check_game(cfg: Any) -> None:
-    """The game exists, takes the parameters, and sequential play is what marl can drive."""
+    """The game exists, takes the parameters, sequential play is what marl can drive, a seat per role plays it."""
+    if cfg.workflow.name != "game":
+        raise ConfigError(f"env=openspiel is a game: play it with workflow=game (one role per seat), not "
+                          f"workflow={cfg.workflow.name}")
     game = load_game(cfg.env)
     kind = game.get_type()
     import pyspiel
@@ -130,6 +136,9 @@ def check_game(cfg: Any) -> None:
     if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
         raise ConfigError(f"env.game={cfg.env.game} is a simultaneous-move game; marl plays sequential games (turn "
                           "by turn): choose another, or convert it with the library's turn-based wrapper")
+    if cfg.env.nash_conv and cfg.env.game not in EXACT_GAMES:
+        raise ConfigError(f"env.nash_conv=true enumerates every information state of the game; {cfg.env.game} is "
+                          f"not one of the small games it is offered for: {', '.join(EXACT_GAMES)}")
     view = seat_view(game, cfg.env.view)
     if view == "information_state" and not kind.provides_information_state_string:
         raise ConfigError(f"env.game={cfg.env.game} has no information-state text; use env.view=observation")

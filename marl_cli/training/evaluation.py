@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from marl_cli.core.samples import Sample
 from marl_cli.rollout.engine import RolloutResult, rollout_metrics
+from marl_cli.rollout.induced import induced_nash_conv
 from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run
@@ -69,6 +70,9 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     metrics.pop(f"{prefix}/generate_calls")
     metrics[f"{prefix}/tasks"] = float(size)
     metrics[f"{prefix}/{workflow.env.cfg.name}/success"] = metrics[f"{prefix}/success"]
+    metrics.update(workflow.outcome_metrics([ep.state for ep in played.episodes], prefix))
+    if OmegaConf.select(run.cfg, "env.nash_conv", default=False):
+        metrics[f"{prefix}/nash_conv"] = induced_nash_conv(rollout)
     if pass_k:
         correct: dict[int, int] = defaultdict(int)
         for ep in played.episodes:

@@ -201,6 +201,11 @@ class Workflow(ABC):
         """
         return
 
+    def outcome_metrics(self, finals: list[TeamState], prefix: str) -> dict[str, float]:
+        """Metrics of an evaluation's episodes, from their final states, beyond success and the per-agent ones (none
+        by default; a game reports each seat's wins, draws and losses)."""
+        return {}
+
     @abstractmethod
     def act(self, role: str, state: TeamState, text: str) -> Outcome:
         """Apply ``role``'s generated ``text`` to ``state`` (never mutated) and score it."""

@@ -16,6 +16,7 @@ seat told who it is), a policy per seat (``policy=per_role``), or a bot (``polic
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,16 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import WorkflowConfig
 from marl_cli.core.samples import Sample
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
+
+OUTCOMES = ("win", "draw", "loss", "truncated")
+
+
+def wilson(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a rate observed over ``n`` games (95% for z = 1.96)."""
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
 
 PROMPT = ("{rules}\nYou are {role} (seat {seat} of the game).\n{observation}\nLegal moves: {legal}\n"
           "Reply with one legal move after {marker}.\n")
@@ -89,6 +100,32 @@ class GameWorkflow(Workflow):
             row.success = won
             row.info.update(win=float(won), loss=float(lost), draw=float(not won and not lost), truncated=truncated,
                             seat_return=mine)
+
+    def outcome_metrics(self, finals: list[TeamState], prefix: str) -> dict[str, float]:
+        """Per seat, over the games played: the share it won, drew and lost, the 95% Wilson interval of its win
+        rate, the share it lost by its own illegal move and the share cut off (``<prefix>/<seat>/win`` ...)."""
+        metrics: dict[str, float] = {}
+        n = len(finals)
+        if not n:
+            return metrics
+        counts = {role: dict.fromkeys((*OUTCOMES, "illegal_loss"), 0.0) for role in self.roles}
+        for final in finals:
+            returns = self.env.returns(final.env)
+            for seat, role in enumerate(self.roles):
+                others = [r for p, r in enumerate(returns) if p != seat]
+                won, lost = all(returns[seat] > r for r in others), all(returns[seat] < r for r in others)
+                tally = counts[role]
+                tally["win"] += won
+                tally["loss"] += lost
+                tally["draw"] += not won and not lost
+                tally["truncated"] += not final.done
+                tally["illegal_loss"] += final.env.forfeit == seat
+        for role, tally in counts.items():
+            metrics.update({f"{prefix}/{role}/{k}": v / n for k, v in tally.items()})
+            low, high = wilson(tally["win"] / n, n)
+            metrics.update({f"{prefix}/{role}/win_low": low, f"{prefix}/{role}/win_high": high})
+        metrics[f"{prefix}/games"] = float(n)
+        return metrics
 
     def demonstration(self, role: str, state: TeamState) -> str | None:
         """A legal move for the seat to move (``OpenSpielEnv.oracle``), None for any other seat."""
