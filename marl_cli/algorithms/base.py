@@ -20,7 +20,8 @@ from marl_cli.core.samples import Sample
 
 Estimator = Callable[[list[Sample], Any, random.Random, "dict[int, list[int]] | None"],
                      tuple[list[Sample], dict[str, float]]]
-"""``(rows, algorithm config, rng, rollouts per task or None) -> (rows as trained with advantages, statistics)``."""
+"""``(rows, algorithm config, rng, rollouts per task or None) -> (rows as trained with advantages, statistics)``;
+an algorithm with ``memory`` is also called with ``memory=``, its state across steps."""
 Label = Callable[[Callable[[str], Any], bool], str]
 """``(read a key of the run's config, its workflow is single-agent) -> the method's row label in `marl report```."""
 
@@ -38,6 +39,8 @@ class Algorithm:
             loop's critic phase puts the critic's values on the rows before the estimator runs. None: critic-free.
         label: the row label ``marl report`` gives a run trained with it (see ``Label``; the papers' table names).
             None: the algorithm's name.
+        memory: the estimator keeps state across steps (SPIRAL's running baselines): the loop owns one dict for it,
+            passes it as ``memory=`` at every step, and checkpoints it (a resume restores it exactly).
     """
 
     advantages: Estimator
@@ -45,6 +48,7 @@ class Algorithm:
     hierarchical: bool = False
     values: ValueLearning | None = None
     label: Label | None = None
+    memory: bool = False
 
     @property
     def critic(self) -> str | None:

@@ -81,6 +81,7 @@ class Trainer:
             self.critics.check_tokenizers(run.policies)
         self.rng = random.Random(cfg.seed)
         self.counters = {"store/trajectories": 0.0}  # decoupled: sub-trajectories written (main) or trained (sub)
+        self.memory: dict[str, Any] = {}  # the algorithm's state across steps (``Algorithm.memory``), checkpointed
         self.start = self.step = 0
         self.mid_step = False  # the weights may hold part of an update: an interrupt now saves nothing
         self.hooks: list[Hook] = [LogHook(), EvalHook(), CheckpointHook(cfg.trainer.save_every or
@@ -213,8 +214,9 @@ class Trainer:
         credit method's token advantages; their statistics go into ``metrics``."""
         t0 = time.perf_counter()
         metrics.update(shape_rewards(samples, self.cfg, self.run))
-        rows, stats = ALGORITHMS.get(self.cfg.algorithm.name).advantages(samples, self.cfg.algorithm, self.rng,
-                                                                        rollouts)
+        algorithm = ALGORITHMS.get(self.cfg.algorithm.name)
+        memory = {"memory": self.memory} if algorithm.memory else {}
+        rows, stats = algorithm.advantages(samples, self.cfg.algorithm, self.rng, rollouts, **memory)
         metrics.update({f"train/{k}": v for k, v in stats.items()})
         metrics.update(shape_advantages(rows, self.cfg, self.run))
         if self.cfg.credit.name != "none":
@@ -260,6 +262,7 @@ class Trainer:
         if not self.run.world.main:  # the ranks' weights and (gathered) optimiser states are identical
             return
         state.add("extra", self.counters)
+        state.add("algorithm", self.memory)
         state.add("critics", None if self.critics is None else self.critics.state_dict())
         state.add("in_flight", {"ranks": ahead} if any(ahead) else None)
         path = save_checkpoint(self.run.run_dir, state, self.run.policies, self.rng, masters)
@@ -282,6 +285,7 @@ class Trainer:
         if state.get("cuda_rng") is not None and torch.cuda.is_available():  # what the GPUs sample with
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.counters.update(state.get("extra", {}))
+        self.memory.update(state.get("algorithm") or {})
         self.start = self.step = state["step"]
         dropped = self.tracker.forget_after(self.start)
         if dropped:
