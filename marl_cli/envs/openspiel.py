@@ -23,6 +23,7 @@ OpenSpiel is an optional dependency (``pip install 'marl[games]'``), imported on
 
 from __future__ import annotations
 
+import difflib
 import random
 import re
 from collections.abc import Callable
@@ -113,7 +114,7 @@ def load_game(cfg: Any) -> Any:
     except ImportError:
         raise ConfigError(f"env=openspiel needs OpenSpiel (the pyspiel module): {INSTALL}") from None
     if cfg.game not in pyspiel.registered_names():
-        near = [n for n in pyspiel.registered_names() if cfg.game.split("_")[0] in n][:6]
+        near = difflib.get_close_matches(cfg.game, pyspiel.registered_names(), n=4, cutoff=0.6)
         raise ConfigError(f"env.game={cfg.game}: no such OpenSpiel game" + (f"; similar: {', '.join(near)}" if near
                                                                               else "; see pyspiel.registered_names()"))
     params = {str(k): v for k, v in dict(cfg.params or {}).items()}
@@ -196,6 +197,15 @@ class OpenSpielEnv(Env):
 
         self.public_moves = (cfg.game in PUBLIC_MOVES or self.game.get_type().information
                              == pyspiel.GameType.Information.PERFECT_INFORMATION)
+
+    @staticmethod
+    def seats(cfg: Any) -> int:
+        """The seats of the game ``cfg`` names."""
+        return load_game(cfg).num_players()
+
+    @staticmethod
+    def check_bot(cfg: Any, bot: str, where: str) -> None:
+        check_bot(load_game(cfg), bot, where)
 
     def make_task(self, seed: int) -> int:
         return seed

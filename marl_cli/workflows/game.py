@@ -48,20 +48,21 @@ class GameWorkflowConfig(WorkflowConfig):
 
 
 def check_seats(cfg: Any) -> None:
-    """The env is a game and the workflow has a role for each of its seats; a bot in a seat can play it."""
+    """The env is a game (it has ``seats``) and the workflow has a role for each of them; a bot in a seat can play
+    the game."""
     from marl_cli.envs.base import ENVS
-    from marl_cli.envs.openspiel import check_bot, load_game
 
-    if not hasattr(ENVS.get(cfg.env.name), "returns"):
-        raise ConfigError(f"workflow=game plays games; env={cfg.env.name} is not one (use env=openspiel)")
-    game = load_game(cfg.env)
-    roles = list(cfg.workflow.roles)
-    if len(roles) != game.num_players():
-        raise ConfigError(f"workflow.roles names {len(roles)} seats ({', '.join(roles)}) but {cfg.env.game} is played "
-                          f"by {game.num_players()}: give one role per seat")
+    game = ENVS.get(cfg.env.name)
+    if not hasattr(game, "seats"):
+        raise ConfigError(f"workflow=game plays games; env={cfg.env.name} is not one (env=openspiel, env=textarena)")
+    roles, seats = list(cfg.workflow.roles), game.seats(cfg.env)
+    if len(roles) != seats:
+        what = cfg.env.get("game") or cfg.env.get("env_id")
+        raise ConfigError(f"workflow.roles names {len(roles)} seats ({', '.join(roles)}) but {what} is played by "
+                          f"{seats}: give one role per seat")
     for role, bot in (cfg.policy.get("scripted") or {}).items():
         if bot not in ("oracle", "empty"):
-            check_bot(game, bot, f"policy.scripted.{role}")
+            game.check_bot(cfg.env, bot, f"policy.scripted.{role}")
 
 
 @WORKFLOWS.register("game", schema=GameWorkflowConfig, check=check_seats)
@@ -70,8 +71,8 @@ class GameWorkflow(Workflow):
 
     def __init__(self, cfg: Any, env: Any):
         super().__init__(cfg, env)
-        if not hasattr(env, "returns"):
-            raise ConfigError(f"workflow=game plays games; env={env.cfg.name} is not one (use env=openspiel)")
+        if not hasattr(env, "seats"):
+            raise ConfigError(f"workflow=game plays games; env={env.cfg.name} is not one")
         if len(self.roles) != env.players:
             raise ConfigError(f"workflow.roles names {len(self.roles)} seats but the game is played by {env.players}")
 
@@ -80,8 +81,9 @@ class GameWorkflow(Workflow):
 
     def prompt(self, role: str, state: TeamState) -> str:
         seat = self.roles.index(role)
+        legal = ", ".join(self.env.legal_moves(state.env)) or "as the game's messages say"
         return self.render(role, state, {"seat": str(seat), "observation": self.env.view(state.env, seat),
-                                         "legal": ", ".join(self.env.legal_moves(state.env))})
+                                         "legal": legal})
 
     def act(self, role: str, state: TeamState, text: str) -> Outcome:
         new, penalty, format_ok, info = self.step_env(state, self.parse(text))

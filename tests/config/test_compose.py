@@ -47,8 +47,10 @@ def test_every_group_option_composes(group, option):
         overrides.append("algorithm=m_grpo")  # workflows rewarded per trajectory train with M-GRPO
     if (group, option) == ("credit", "igpo"):
         overrides.append("algorithm.norm_group=episode")  # IGPO normalises every turn of a task together
-    if (group, option) in (("algorithm", "rae"), ("algorithm", "mars"), ("env", "openspiel")):
-        overrides += ["env=openspiel", "workflow=game"]  # a game: a seat per role
+    if (group, option) in (("algorithm", "rae"), ("algorithm", "mars")):
+        overrides += ["env=openspiel", "workflow=game"]  # the game estimators score the seats of a game
+    if (group, option) in (("env", "openspiel"), ("env", "textarena")):
+        overrides.append("workflow=game")  # a game: a role per seat
     if (group, option) == ("workflow", "game"):
         overrides.append("env=openspiel")
     pairs = {("algorithm", "ppo"): "critic=token", ("algorithm", "marft"): "critic=utterance",

@@ -127,6 +127,13 @@ def test_a_bot_seat_plays_its_moves_and_never_trains(tmp_path):
     (["env.game=goofspiel"], "env.game=goofspiel is a simultaneous-move game"),
     (["workflow=single_agent", "workflow.roles=[agent]"], "env=openspiel"),
     (["env=plan_path"], "workflow=game plays games; env=plan_path is not one"),
+    (["env=textarena", "env.env_id=SimpleNegotation-v0"], "env.env_id=SimpleNegotation-v0: no such TextArena env; "
+                                                          "similar: SimpleNegotiation-v0,"),
+    (["env=textarena", "env.env_id=TicTacToe-v0-raw", "env.players=3", "workflow.roles=[a,b,c]"],
+     "env.players=3: TextArena's TicTacToe-v0-raw refuses it"),
+    (["env=textarena", "+policy.scripted.player_1=random"], "policy.scripted.player_1=random: TextArena games have no "
+                                                             "bots"),
+    (["env=textarena", "workflow=single_agent", "workflow.roles=[agent]"], "env=textarena is a game"),
 ])
 def test_bad_game_setups_fail_in_one_line(overrides, message):
     assert message in refusal([*GAME, *overrides])
