@@ -589,6 +589,20 @@ class EvalConfig:
     roles: dict[str, Any] = field(default_factory=dict)
 
 
+PoolSample = choices("PoolSample", "uniform", "recency")
+
+
+@dataclass
+class PoolConfig:
+    """An opponent pool (``training/pool.py``): the learner's snapshots, one of which plays the opponent's seat."""
+
+    every: int = bounded(0, ge=0)  # snapshot the learner's policy every N steps (0: no pool)
+    size: int = bounded(8, ge=1)  # snapshots kept; the oldest goes first
+    sample: PoolSample = PoolSample.uniform  # the opponent of each step: any snapshot alike, or the newer the likelier
+    learner: str = "player_0"  # the role whose policy is snapshotted (it trains)
+    opponent: str = "player_1"  # the role whose policy plays a snapshot (frozen: trainer.frozen_roles)
+
+
 @dataclass
 class TrainSchema:
     """The root of ``conf/train.yaml``."""
@@ -608,6 +622,7 @@ class TrainSchema:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
     name: str = "default"  # the run's name: outputs/<name>/<date>_<time>/ (experiments set it)
     seed: int = 0  # seeds tasks, model init, sampling and mini-batch order
     device: str = "auto"  # auto (a GPU if there is one) | cpu | mps | cuda | cuda:<index>

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
-from marl_cli.config.team import check_team, model_key
+from marl_cli.config.team import check_team, model_key, policy_models
 from marl_cli.policies.scripted import check_scripted, scripted_roles
 
 LORA_BASE = "lora_base"
@@ -121,8 +123,33 @@ def check_regime(cfg: Any) -> None:
     roles = role_map(cfg)
     sub_roles(cfg, roles)
     check_team(cfg, roles)
+    check_pool(cfg, roles)
     if uses_adapters(cfg.policy):
         check_adapters(cfg)
+
+
+def check_pool(cfg: Any, roles: dict[str, str]) -> None:
+    """An opponent pool (``pool.every`` > 0) snapshots one role's policy into another's: both roles are the
+    workflow's and act through different policies of one model, the opponent's is frozen, and one trainer runs."""
+    pool = OmegaConf.select(cfg, "pool")
+    if pool is None or not pool.every:
+        return
+    for key in ("learner", "opponent"):
+        if pool[key] not in roles:
+            raise ConfigError(f"pool.{key}={pool[key]}: not a role acting through a policy; roles: {sorted(roles)}")
+    learner, opponent = roles[pool.learner], roles[pool.opponent]
+    if learner == opponent:
+        raise ConfigError(f"pool.every={pool.every}: pool.learner and pool.opponent act through one policy "
+                          f"({learner}); give each its own (policy=per_role)")
+    if pool.opponent not in cfg.trainer.frozen_roles:
+        raise ConfigError(f"pool.opponent={pool.opponent} plays the pool's snapshots and must not train: add it to "
+                          f"trainer.frozen_roles (trainer.frozen_roles=[{pool.opponent}])")
+    models = policy_models(cfg)
+    if model_key(models.get(learner, cfg.model)) != model_key(models.get(opponent, cfg.model)):
+        raise ConfigError(f"pool.every={pool.every}: the learner's policy {learner} and the opponent's {opponent} are "
+                          "different models; a snapshot of one cannot play as the other")
+    if OmegaConf.select(cfg, "trainer.role", default="all") != "all":
+        raise ConfigError("pool.every > 0 runs in one trainer (trainer.role=all)")
 
 
 REGIMES: Registry[Regime] = Registry("policy.name", "policy", check=check_regime)

@@ -42,6 +42,7 @@ from marl_cli.training.evaluation import evaluate
 from marl_cli.training.hooks import CheckpointHook, EvalHook, Hook, LogHook
 from marl_cli.training.interrupts import StopRequest
 from marl_cli.training.learner.policy_trainer import PolicyTrainer
+from marl_cli.training.pool import opponent_pool
 from marl_cli.training.rows.decoupled import Exchange
 from marl_cli.training.rows.sources import RolloutRows, row_source
 from marl_cli.training.warmstart import warm_start_all
@@ -86,6 +87,8 @@ class Trainer:
         self.mid_step = False  # the weights may hold part of an update: an interrupt now saves nothing
         self.hooks: list[Hook] = [LogHook(), EvalHook(), CheckpointHook(cfg.trainer.save_every or
                                                                         self.source.save_every)]
+        if cfg.get("pool") is not None and cfg.pool.every:  # before the log: it logs the pool's draw with the step
+            self.hooks.insert(0, opponent_pool(cfg, run))
         self.summary = self._summary()
         self.tracker = Tracker(run.run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "train",
                                writes=run.world.main)
