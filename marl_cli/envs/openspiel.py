@@ -84,6 +84,7 @@ class OpenSpielConfig(EnvConfig):
     mcts_rollouts: int = bounded(4, ge=1)  # the mcts bot's random rollouts per leaf
     minimax_depth: int = bounded(4, ge=1)  # the minimax bot's search depth (heuristic 0 beyond it)
     nash_conv: bool = False  # every evaluation adds the exact NashConv of the policy the models induce (EXACT_GAMES)
+    eval_opponents: list[str] = field(default_factory=list)  # bots every evaluation also plays, a model in each seat
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ def check_game(cfg: Any) -> None:
     if cfg.env.nash_conv and cfg.env.game not in EXACT_GAMES:
         raise ConfigError(f"env.nash_conv=true enumerates every information state of the game; {cfg.env.game} is "
                           f"not one of the small games it is offered for: {', '.join(EXACT_GAMES)}")
+    for bot in cfg.env.eval_opponents:
+        check_bot(game, bot, "env.eval_opponents")
     view = seat_view(game, cfg.env.view)
     if view == "information_state" and not kind.provides_information_state_string:
         raise ConfigError(f"env.game={cfg.env.game} has no information-state text; use env.view=observation")

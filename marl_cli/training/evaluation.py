@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from dataclasses import replace
 from math import comb
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from marl_cli.core.samples import Sample
-from marl_cli.rollout.engine import RolloutResult, rollout_metrics
+from marl_cli.policies.scripted import is_scripted, policy_name
+from marl_cli.rollout.engine import Rollout, RolloutResult, rollout_metrics
 from marl_cli.rollout.induced import induced_nash_conv
 from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker, write_json
@@ -36,20 +38,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int, ...] = (),
-             rows: list[Sample] | None = None) -> dict[str, float]:
-    """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``env.eval_size``
-    eval tasks, played by ``run``'s policies (as routed now) with its eval sampling.
-
-    Tasks are dealt to the run's processes and played in chunks of one generation batch
-    (``rollout.batch_size`` episodes), with a progress bar when ``progress=true`` on a terminal; ``rows``, when given,
-    receives every sample row played.
-    """
-    rollout = run.rollout.evaluation()
-    workflow, size, sampling = rollout.workflow, run.cfg.env.eval_size, rollout.sampling
-    start_time = time.perf_counter()
-    tasks = [workflow.env.task("eval", i) for i in range(size)]
-    chunk = max(1, sampling.batch_size // samples)
+def play_tasks(run: Run, rollout: Rollout, tasks: list[Any], samples: int, prefix: str) -> RolloutResult:
+    """``samples`` episodes of each task by ``rollout``, dealt to the run's processes and played in chunks of one
+    generation batch (``rollout.batch_size`` episodes), with a progress bar when ``progress=true`` on a terminal."""
+    chunk = max(1, rollout.sampling.batch_size // samples)
 
     def play(mine: list[Any]) -> RolloutResult:
         played = RolloutResult([], [], 0)
@@ -65,7 +57,21 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
                 bar.update(len(batch))
         return played
 
-    played = run.play(tasks, play)
+    return run.play(tasks, play)
+
+
+def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int, ...] = (),
+             rows: list[Sample] | None = None) -> dict[str, float]:
+    """Success, pass@k and per-agent metrics of ``samples`` episodes on each of the first ``env.eval_size``
+    eval tasks, played by ``run``'s policies (as routed now) with its eval sampling; a game adds each seat's
+    outcomes, the exact NashConv (``env.nash_conv``) and the games against bots (``env.eval_opponents``).
+    ``rows``, when given, receives every sample row played.
+    """
+    rollout = run.rollout.evaluation()
+    workflow, size = rollout.workflow, run.cfg.env.eval_size
+    start_time = time.perf_counter()
+    tasks = [workflow.env.task("eval", i) for i in range(size)]
+    played = play_tasks(run, rollout, tasks, samples, prefix)
     metrics = rollout_metrics(played, prefix)
     metrics.pop(f"{prefix}/generate_calls")
     metrics[f"{prefix}/tasks"] = float(size)
@@ -73,6 +79,8 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     metrics.update(workflow.outcome_metrics([ep.state for ep in played.episodes], prefix))
     if OmegaConf.select(run.cfg, "env.nash_conv", default=False):
         metrics[f"{prefix}/nash_conv"] = induced_nash_conv(rollout)
+    for bot in OmegaConf.select(run.cfg, "env.eval_opponents", default=None) or []:
+        metrics.update(against(run, rollout, tasks, bot, prefix))
     if pass_k:
         correct: dict[int, int] = defaultdict(int)
         for ep in played.episodes:
@@ -83,6 +91,21 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
         rows += played.samples
     log.info("%s: %d tasks x %d, success %.3f (%.1f s)", prefix, size, samples, metrics[f"{prefix}/success"],
              time.perf_counter() - start_time)
+    return metrics
+
+
+def against(run: Run, rollout: Rollout, tasks: list[Any], bot: str, prefix: str) -> dict[str, float]:
+    """A game against ``bot``: for each seat a model plays, every other seat played by the bot, one game per task;
+    that seat's outcomes as ``<prefix>/vs_<bot>/<seat>/win|draw|loss|...``."""
+    metrics: dict[str, float] = {}
+    roles = rollout.workflow.roles
+    for role in roles:
+        if is_scripted(rollout.routing[role]):
+            continue
+        routing = {**rollout.routing, **{other: policy_name(bot) for other in roles if other != role}}
+        played = play_tasks(run, replace(rollout, routing=routing), tasks, 1, f"{prefix}/vs_{bot}")
+        seat = rollout.workflow.outcome_metrics([ep.state for ep in played.episodes], f"{prefix}/vs_{bot}")
+        metrics.update({k: v for k, v in seat.items() if k.startswith(f"{prefix}/vs_{bot}/{role}/")})
     return metrics
 
 

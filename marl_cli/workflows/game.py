@@ -125,7 +125,8 @@ class GameWorkflow(Workflow):
         for role, tally in counts.items():
             metrics.update({f"{prefix}/{role}/{k}": v / n for k, v in tally.items()})
             low, high = wilson(tally["win"] / n, n)
-            metrics.update({f"{prefix}/{role}/win_low": low, f"{prefix}/{role}/win_high": high})
+            metrics.update({f"{prefix}/{role}/win_low": low, f"{prefix}/{role}/win_high": high,
+                            f"{prefix}/{role}/games": float(n)})
         metrics[f"{prefix}/games"] = float(n)
         return metrics
 

@@ -116,6 +116,19 @@ def test_a_bot_seat_plays_its_moves_and_never_trains(tmp_path):
     assert bot and all(s.format_ok and s.policy == "scripted:random" and not s.completion_ids for s in bot)
 
 
+def test_evaluation_plays_each_bot_against_the_model_in_each_seat(tmp_path):
+    run = build_run(train_config(*GAME, "env.game=tic_tac_toe", "env.eval_opponents=[random,first_legal]",
+                                 "env.eval_size=4", "trainer.warmstart.enabled=false"), tmp_path)
+    metrics = evaluate(run, "eval")
+    for bot in ("random", "first_legal"):
+        for seat in ("player_0", "player_1"):
+            shares = [metrics[f"eval/vs_{bot}/{seat}/{k}"] for k in ("win", "draw", "loss")]
+            assert sum(shares) == pytest.approx(1.0) and metrics[f"eval/vs_{bot}/{seat}/games"] == 4.0
+        assert f"eval/vs_{bot}/player_0/games" in metrics
+    # the untrained model's moves are illegal: against a bot moving first it loses every game it reaches
+    assert metrics["eval/vs_random/player_1/loss"] == 1.0 and metrics["eval/vs_random/player_1/illegal_loss"] == 1.0
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["env.game=kuhn_pokr"], "env.game=kuhn_pokr: no such OpenSpiel game; similar: kuhn_poker"),
     (["+env.params.foo=1"], "env.params={'foo': 1}: OpenSpiel's kuhn_poker refuses them"),
@@ -125,6 +138,7 @@ def test_a_bot_seat_plays_its_moves_and_never_trains(tmp_path):
     (["env.game=connect_four", "+policy.scripted.player_1=minimax", "env.nash_conv=true"],
      "env.nash_conv=true enumerates every information state"),
     (["env.game=goofspiel"], "env.game=goofspiel is a simultaneous-move game"),
+    (["env.eval_opponents=[mcts]"], "env.eval_opponents=mcts searches the true state; kuhn_poker hides"),
     (["workflow=single_agent", "workflow.roles=[agent]"], "env=openspiel"),
     (["env=plan_path"], "workflow=game plays games; env=plan_path is not one"),
     (["env=textarena", "env.env_id=SimpleNegotation-v0"], "env.env_id=SimpleNegotation-v0: no such TextArena env; "
