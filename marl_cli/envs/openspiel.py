@@ -32,7 +32,7 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded, choices
-from marl_cli.envs.base import ENVS, Env, Transition
+from marl_cli.envs.base import ENVS, Env, Transition, task_seed
 
 INSTALL = "pip install 'marl[games]'"
 View = choices("View", "auto", "information_state", "observation", module=__name__)
@@ -85,6 +85,10 @@ class OpenSpielConfig(EnvConfig):
     minimax_depth: int = bounded(4, ge=1)  # the minimax bot's search depth (heuristic 0 beyond it)
     nash_conv: bool = False  # every evaluation adds the exact NashConv of the policy the models induce (EXACT_GAMES)
     eval_opponents: list[str] = field(default_factory=list)  # bots every evaluation also plays, a model in each seat
+    # several games in one run, e.g. [kuhn_poker, tic_tac_toe, "leduc_poker(players=2)"]: task i plays game i mod n
+    # (each step deals its tasks round the mixture); each game keeps its own baselines and statistics (env.game and
+    # env.params are then unused)
+    mixture: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,14 @@ class GameState:
     """A game in progress: the library's state at a decision node (or the end), never at a chance node.
 
     ``seed`` is the deal; ``chances`` the chance nodes resolved so far; ``forfeit`` the seat that lost by an
-    illegal move; ``illegal`` the illegal moves of each seat; ``moves`` the legal moves played.
+    illegal move; ``illegal`` the illegal moves of each seat; ``moves`` the legal moves played; ``kind`` which game
+    of the mixture it is (0 without one).
     """
 
     game: Any
     seed: int
     chances: int = 0
+    kind: int = 0
     forfeit: int | None = None
     illegal: tuple[int, ...] = ()
     moves: tuple[tuple[int, str], ...] = ()
@@ -126,28 +132,58 @@ def load_game(cfg: Any) -> Any:
         raise ConfigError(f"env.params={params}: OpenSpiel's {cfg.game} refuses them ({detail[:200]})") from None
 
 
+def load_games(cfg: Any) -> list[tuple[str, Any]]:
+    """The run's games by name: ``env.mixture``'s (each a name or ``name(param=value,...)``), else ``env.game``'s."""
+    if not cfg.mixture:
+        return [(cfg.game, load_game(cfg))]
+    import pyspiel
+
+    games = []
+    for spec in cfg.mixture:
+        name = spec.split("(")[0]
+        if name not in pyspiel.registered_names():
+            near = difflib.get_close_matches(name, pyspiel.registered_names(), n=4, cutoff=0.6)
+            raise ConfigError(f"env.mixture names {spec}: no such OpenSpiel game" +
+                              (f"; similar: {', '.join(near)}" if near else ""))
+        try:
+            games.append((name, pyspiel.load_game(spec)))
+        except Exception as exc:  # pyspiel's own error types
+            raise ConfigError(f"env.mixture names {spec}: OpenSpiel refuses it ({' '.join(str(exc).split())[:200]})") \
+                from None
+    seats = {name: game.num_players() for name, game in games}
+    if len(set(seats.values())) > 1:
+        raise ConfigError(f"env.mixture mixes games of different seat counts {seats}: one workflow has one role per "
+                          "seat")
+    return games
+
+
 def check_game(cfg: Any) -> None:
     """The game exists, takes the parameters, sequential play is what marl can drive, a seat per role plays it."""
     if cfg.workflow.name != "game":
         raise ConfigError(f"env=openspiel is a game: play it with workflow=game (one role per seat), not "
                           f"workflow={cfg.workflow.name}")
-    game = load_game(cfg.env)
-    kind = game.get_type()
+    for name, game in load_games(cfg.env):
+        check_playable(cfg.env, name, game)
+
+
+def check_playable(cfg: Any, name: str, game: Any) -> None:
+    """Sequential play, the exactness asked for, the evaluation's bots and the view are what ``game`` offers."""
     import pyspiel
 
+    kind = game.get_type()
     if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
-        raise ConfigError(f"env.game={cfg.env.game} is a simultaneous-move game; marl plays sequential games (turn "
+        raise ConfigError(f"env.game={name} is a simultaneous-move game; marl plays sequential games (turn "
                           "by turn): choose another, or convert it with the library's turn-based wrapper")
-    if cfg.env.nash_conv and cfg.env.game not in EXACT_GAMES:
-        raise ConfigError(f"env.nash_conv=true enumerates every information state of the game; {cfg.env.game} is "
+    if cfg.nash_conv and name not in EXACT_GAMES:
+        raise ConfigError(f"env.nash_conv=true enumerates every information state of the game; {name} is "
                           f"not one of the small games it is offered for: {', '.join(EXACT_GAMES)}")
-    for bot in cfg.env.eval_opponents:
+    for bot in cfg.eval_opponents:
         check_bot(game, bot, "env.eval_opponents")
-    view = seat_view(game, cfg.env.view)
+    view = seat_view(game, cfg.view)
     if view == "information_state" and not kind.provides_information_state_string:
-        raise ConfigError(f"env.game={cfg.env.game} has no information-state text; use env.view=observation")
+        raise ConfigError(f"env.game={name} has no information-state text; use env.view=observation")
     if view == "observation" and not kind.provides_observation_string:
-        raise ConfigError(f"env.game={cfg.env.game} has no observation text; use env.view=information_state")
+        raise ConfigError(f"env.game={name} has no observation text; use env.view=information_state")
 
 
 def seat_view(game: Any, view: str) -> str:
@@ -193,31 +229,51 @@ class OpenSpielEnv(Env):
 
     def __init__(self, cfg: Any, seed: int = 0, sandbox: Any = None):
         super().__init__(cfg, seed, sandbox)
-        self.game = load_game(cfg)
-        self.players = self.game.num_players()
-        self.view_kind = seat_view(self.game, cfg.view)
         import pyspiel
 
-        self.public_moves = (cfg.game in PUBLIC_MOVES or self.game.get_type().information
-                             == pyspiel.GameType.Information.PERFECT_INFORMATION)
+        self.kinds = load_games(cfg)
+        self.names = [name for name, _ in self.kinds]
+        self.game = self.kinds[0][1]  # the game (a mixture's first)
+        self.players = self.game.num_players()
+        self.views = [seat_view(game, cfg.view) for _, game in self.kinds]
+        self.view_kind = self.views[0]
+        self.public = [name in PUBLIC_MOVES or game.get_type().information
+                       == pyspiel.GameType.Information.PERFECT_INFORMATION for name, game in self.kinds]
 
     @staticmethod
     def seats(cfg: Any) -> int:
-        """The seats of the game ``cfg`` names."""
-        return load_game(cfg).num_players()
+        """The seats of the game(s) ``cfg`` names."""
+        return load_games(cfg)[0][1].num_players()
 
     @staticmethod
     def check_bot(cfg: Any, bot: str, where: str) -> None:
-        check_bot(load_game(cfg), bot, where)
+        for _, game in load_games(cfg):
+            check_bot(game, bot, where)
 
-    def make_task(self, seed: int) -> int:
-        return seed
+    def task(self, split: str, index: int) -> tuple[int, int]:
+        """Task ``index`` of ``split``: (which game of the mixture, i mod n; its deal's seed)."""
+        return index % len(self.kinds), task_seed(split, index, self.seed)
 
-    def rules(self) -> str:
-        return self.cfg.rules or RULES.get(self.cfg.game, self.game.get_type().long_name)
+    def make_task(self, seed: int) -> tuple[int, int]:
+        return 0, seed
 
-    def initial_state(self, task: int) -> GameState:
-        return self._settle_chance(GameState(self.game.new_initial_state(), task, illegal=(0,) * self.players))
+    def rules(self, kind: int = 0) -> str:
+        name, game = self.kinds[kind]
+        return self.cfg.rules or RULES.get(name, game.get_type().long_name)
+
+    def rules_for(self, state: GameState) -> str:
+        """The rules of the game ``state`` is a position of."""
+        return self.rules(state.kind)
+
+    def game_of(self, state: GameState) -> str:
+        """The name of the game ``state`` is a position of."""
+        return self.names[state.kind]
+
+    def initial_state(self, task: tuple[int, int] | int) -> GameState:
+        """The deal of ``task``: (game of the mixture, seed), or a seed of the first game."""
+        kind, seed = task if isinstance(task, tuple) else (0, task)
+        start = GameState(self.kinds[kind][1].new_initial_state(), seed, kind=kind, illegal=(0,) * self.players)
+        return self._settle_chance(start)
 
     def _settle_chance(self, state: GameState) -> GameState:
         """Resolve chance nodes from the deal's generator until a player is to move (or the game is over)."""
@@ -250,10 +306,10 @@ class OpenSpielEnv(Env):
         """What ``seat`` sees: the moves so far (each seat's, by name, where every seat sees them:
         ``PUBLIC_MOVES``) and the library's text for the seat."""
         game = state.game
-        text = (game.information_state_string(seat) if self.view_kind == "information_state"
-                else game.observation_string(seat))
-        mine = f"Your view ({self.view_kind.replace('_', ' ')}): {text or '(empty)'}"
-        if not self.public_moves:
+        view = self.views[state.kind]
+        text = game.information_state_string(seat) if view == "information_state" else game.observation_string(seat)
+        mine = f"Your view ({view.replace('_', ' ')}): {text or '(empty)'}"
+        if not self.public[state.kind]:
             return mine
         moves = ", ".join(f"player_{p}: {name}" for p, name in state.moves) or "none yet"
         return f"Moves so far: {moves}\n{mine}"
@@ -274,12 +330,13 @@ class OpenSpielEnv(Env):
             name = game.action_to_string(seat, legal[wanted])
             game.apply_action(legal[wanted])
             new = self._settle_chance(replace(state, game=game, moves=(*state.moves, (seat, name))))
-            return Transition(new, 0.0, new.over, new.over, True, {"illegal": 0.0})
+            return Transition(new, 0.0, new.over, new.over, True, {"illegal": 0.0, "game": float(state.kind)})
         illegal = tuple(n + (p == seat) for p, n in enumerate(state.illegal))
         if self.cfg.illegal == "retry" and illegal[seat] <= self.cfg.max_retries:
             return Transition(replace(state, illegal=illegal), self.cfg.retry_penalty, False, False, False,
-                              {"illegal": 1.0})
-        return Transition(replace(state, illegal=illegal, forfeit=seat), 0.0, True, False, False, {"illegal": 1.0})
+                              {"illegal": 1.0, "game": float(state.kind)})
+        return Transition(replace(state, illegal=illegal, forfeit=seat), 0.0, True, False, False,
+                          {"illegal": 1.0, "game": float(state.kind)})
 
     def returns(self, state: GameState) -> list[float]:
         """Each seat's outcome: the library's returns at the end, the illegal-move rule's after a forfeit, 0 for
@@ -291,9 +348,10 @@ class OpenSpielEnv(Env):
             return [float(r) for r in state.game.returns()]
         return [0.0] * self.players
 
-    def position(self, state: Any) -> GameState:
-        """The library's ``state`` (a decision node reached by any history) as a position marl renders."""
-        replay, moves, chances = self.game.new_initial_state(), [], 0
+    def position(self, state: Any, kind: int = 0) -> GameState:
+        """The library's ``state`` of game ``kind`` (a decision node reached by any history) as a position marl
+        renders."""
+        replay, moves, chances = self.kinds[kind][1].new_initial_state(), [], 0
         for action in state.history():
             if replay.is_chance_node():
                 chances += 1
@@ -301,18 +359,20 @@ class OpenSpielEnv(Env):
                 seat = replay.current_player()
                 moves.append((seat, replay.action_to_string(seat, action)))
             replay.apply_action(action)
-        return GameState(state.clone(), 0, chances, illegal=(0,) * self.players, moves=tuple(moves))
+        return GameState(state.clone(), 0, chances, kind, illegal=(0,) * self.players, moves=tuple(moves))
 
-    def nash_conv(self, probabilities: Callable[[list[GameState]], list[dict[str, float]]]) -> float:
+    def nash_conv(self, probabilities: Callable[[list[GameState]], list[dict[str, float]]], kind: int = 0) -> float:
         """The NashConv of the policy ``probabilities`` gives: called with one position per information state
         where a seat moves (OpenSpiel's ``TabularPolicy`` order), it returns each one's probability of every
         legal move by name. The sum over seats of what a best response to the others gains over the policy's own
-        value, computed exactly by OpenSpiel (0 at a Nash equilibrium; Kuhn poker's uniform policy: 0.9167)."""
+        value, computed exactly by OpenSpiel (0 at a Nash equilibrium; Kuhn poker's uniform policy: 0.9167). ``kind``:
+        which game of the mixture."""
         from open_spiel.python import policy
         from open_spiel.python.algorithms import exploitability
 
-        table = policy.TabularPolicy(self.game)
-        positions = [self.position(state) for state in table.states]
+        game = self.kinds[kind][1]
+        table = policy.TabularPolicy(game)
+        positions = [self.position(state, kind) for state in table.states]
         for row, (state, probs) in enumerate(zip(table.states, probabilities(positions), strict=True)):
             seat, legal = state.current_player(), state.legal_actions()
             given = [float(probs.get(state.action_to_string(seat, a), 0.0)) for a in legal]
@@ -321,7 +381,7 @@ class OpenSpielEnv(Env):
                                  f"are not a distribution over its legal moves: {probs}")
             table.action_probability_array[row] = 0.0
             table.action_probability_array[row, legal] = given
-        return float(exploitability.nash_conv(self.game, table))
+        return float(exploitability.nash_conv(game, table))
 
     def score(self, state: GameState) -> float:
         """1 once the game has ended by its rules (no forfeit), else 0: whether it was played out."""
@@ -343,23 +403,24 @@ class OpenSpielEnv(Env):
         elif bot == "first_legal":
             action = game.legal_actions()[0]
         elif bot == "mcts":
-            action = self._mcts(rng).step(game.clone())
+            action = self._mcts(game.get_game(), rng).step(game.clone())
         elif bot == "minimax":
             action = self._minimax(game, seat)
         else:
             raise ValueError(f"unknown bot {bot!r}; choose from: {', '.join(BOTS)}")
         return game.action_to_string(seat, action)
 
-    def _mcts(self, rng: random.Random) -> Any:
+    def _mcts(self, game: Any, rng: random.Random) -> Any:
         import numpy as np
         from open_spiel.python.algorithms import mcts
 
         state = np.random.RandomState(rng.getrandbits(31))
         evaluator = mcts.RandomRolloutEvaluator(self.cfg.mcts_rollouts, state)
-        return mcts.MCTSBot(self.game, 2.0, self.cfg.mcts_simulations, evaluator, random_state=state, solve=True)
+        return mcts.MCTSBot(game, 2.0, self.cfg.mcts_simulations, evaluator, random_state=state, solve=True)
 
     def _minimax(self, game: Any, seat: int) -> int:
         from open_spiel.python.algorithms import minimax
 
-        _, action = minimax.alpha_beta_search(self.game, game.clone(), lambda s: 0.0, self.cfg.minimax_depth, seat)
+        _, action = minimax.alpha_beta_search(game.get_game(), game.clone(), lambda s: 0.0, self.cfg.minimax_depth,
+                                              seat)
         return action

@@ -131,6 +131,12 @@ class TextArenaEnv(Env):
         game = self.cfg.env_id.split("-")[0]
         return f"You are playing {game} (TextArena); the game master's messages give the rules."
 
+    def rules_for(self, state: ArenaState) -> str:
+        return self.rules()
+
+    def game_of(self, state: ArenaState) -> str:
+        return self.cfg.env_id
+
     def initial_state(self, task: int) -> ArenaState:
         game = self.reset_game(self.cfg, task)
         return self._drained(ArenaState(game, ((),) * self.players, illegal=(0,) * self.players))

@@ -69,6 +69,7 @@ def _role_probabilities(rollout: Rollout, role: str, name: str, positions: list[
     return out
 
 
-def induced_nash_conv(rollout: Rollout) -> float:
-    """The exact NashConv of the policy the rollout's models (and bots) induce on its game."""
-    return rollout.workflow.env.nash_conv(lambda positions: move_probabilities(rollout, positions))
+def induced_nash_conv(rollout: Rollout, kind: int = 0) -> float:
+    """The exact NashConv of the policy the rollout's models (and bots) induce on its game (``kind``: which game of
+    a mixture)."""
+    return rollout.workflow.env.nash_conv(lambda positions: move_probabilities(rollout, positions), kind)

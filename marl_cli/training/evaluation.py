@@ -78,7 +78,9 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     metrics[f"{prefix}/{workflow.env.cfg.name}/success"] = metrics[f"{prefix}/success"]
     metrics.update(workflow.outcome_metrics([ep.state for ep in played.episodes], prefix))
     if OmegaConf.select(run.cfg, "env.nash_conv", default=False):
-        metrics[f"{prefix}/nash_conv"] = induced_nash_conv(rollout)
+        names = workflow.env.names
+        for kind, name in enumerate(names):
+            metrics[f"{prefix}/nash_conv" + (f"/{name}" if len(names) > 1 else "")] = induced_nash_conv(rollout, kind)
     for bot in OmegaConf.select(run.cfg, "env.eval_opponents", default=None) or []:
         metrics.update(against(run, rollout, tasks, bot, prefix))
     if pass_k:

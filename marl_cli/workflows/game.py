@@ -83,7 +83,7 @@ class GameWorkflow(Workflow):
         seat = self.roles.index(role)
         legal = ", ".join(self.env.legal_moves(state.env)) or "as the game's messages say"
         return self.render(role, state, {"seat": str(seat), "observation": self.env.view(state.env, seat),
-                                         "legal": legal})
+                                         "legal": legal, "rules": self.env.rules_for(state.env)})
 
     def act(self, role: str, state: TeamState, text: str) -> Outcome:
         new, penalty, format_ok, info = self.step_env(state, self.parse(text))
@@ -105,7 +105,18 @@ class GameWorkflow(Workflow):
 
     def outcome_metrics(self, finals: list[TeamState], prefix: str) -> dict[str, float]:
         """Per seat, over the games played: the share it won, drew and lost, the 95% Wilson interval of its win
-        rate, the share it lost by its own illegal move and the share cut off (``<prefix>/<seat>/win`` ...)."""
+        rate, the share it lost by its own illegal move and the share cut off (``<prefix>/<seat>/win`` ...); with a
+        mixture of games, the same for each game too (``<prefix>/<game>/<seat>/win`` ...)."""
+        metrics = self._outcomes(finals, prefix)
+        by_game: dict[str, list[TeamState]] = {}
+        for final in finals:
+            by_game.setdefault(self.env.game_of(final.env), []).append(final)
+        if len(by_game) > 1:
+            for game, games in sorted(by_game.items()):
+                metrics.update(self._outcomes(games, f"{prefix}/{game}"))
+        return metrics
+
+    def _outcomes(self, finals: list[TeamState], prefix: str) -> dict[str, float]:
         metrics: dict[str, float] = {}
         n = len(finals)
         if not n:

@@ -193,3 +193,23 @@ def test_kuhn_poker_uniform_play_has_nash_conv_0_9167_and_a_hand_built_policy_it
     assert env.nash_conv(by_card) == pytest.approx(exploitability.nash_conv(env.game, reference), abs=1e-12)
     with pytest.raises(ValueError, match="not a distribution"):
         env.nash_conv(lambda positions: [{"Bet": 0.7} for _ in positions])
+
+
+def test_a_mixture_deals_its_games_in_turn_each_with_its_own_rules_and_exact_nash_conv():
+    from open_spiel.python import policy
+    from open_spiel.python.algorithms import exploitability
+
+    env = OpenSpielEnv(OmegaConf.structured(OpenSpielConfig(mixture=["kuhn_poker", "leduc_poker(players=2)"])), 7)
+    tasks = [env.task("train", i) for i in range(4)]
+    assert [kind for kind, _ in tasks] == [0, 1, 0, 1] and env.names == ["kuhn_poker", "leduc_poker"]
+    states = [env.initial_state(t) for t in tasks]
+    assert [s.game.get_game().get_type().short_name for s in states[:2]] == ["kuhn_poker", "leduc_poker"]
+    assert env.rules_for(states[1]).startswith("Leduc") and env.game_of(states[0]) == "kuhn_poker"
+    assert env.step(states[1], "Call").info["game"] == 1.0
+
+    def uniform(positions):
+        return [{m: 1 / len(env.legal_moves(p)) for m in env.legal_moves(p)} for p in positions]
+
+    leduc = env.kinds[1][1]
+    assert env.nash_conv(uniform, kind=1) == pytest.approx(
+        exploitability.nash_conv(leduc, policy.UniformRandomPolicy(leduc)), abs=1e-12)

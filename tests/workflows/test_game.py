@@ -17,7 +17,7 @@ from marl_cli.training.evaluation import evaluate
 from marl_cli.training.loop import train
 from marl_cli.workflows.base import TeamState
 from marl_cli.workflows.game import wilson
-from tests.helpers import TINY, ScriptedGenerator, refusal, train_config
+from tests.helpers import TINY, ScriptedGenerator, metric_records, refusal, train_config
 
 GAME = ["~experiment", *TINY, "env=openspiel", "workflow=game", "env.eval_size=6", "rollout.tasks_per_step=3",
         "rollout.max_new_tokens=8", "algorithm.num_generations=2", "logger=none", "progress=false"]
@@ -129,6 +129,16 @@ def test_evaluation_plays_each_bot_against_the_model_in_each_seat(tmp_path):
     assert metrics["eval/vs_random/player_1/loss"] == 1.0 and metrics["eval/vs_random/player_1/illegal_loss"] == 1.0
 
 
+def test_a_mixture_trains_each_game_with_its_own_baselines_and_reports_each(tmp_path):
+    summary = train(train_config(*GAME, "env.mixture=[kuhn_poker,tic_tac_toe]", "algorithm=rae", "trainer.steps=1",
+                                 "rollout.tasks_per_step=4", "env.eval_size=4", "workflow.max_turns=5"), tmp_path)
+    step = next(m for m in metric_records(tmp_path) if m.get("step") == 1 and "train/reward" in m)
+    assert {k for k in step if k.startswith("train/rae/baseline/")} >= {
+        "train/rae/baseline/0/player_0", "train/rae/baseline/1/player_0"}
+    for game in ("kuhn_poker", "tic_tac_toe"):
+        assert summary[f"eval/{game}/games"] == 2.0 and f"eval/{game}/player_1/win" in summary
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["env.game=kuhn_pokr"], "env.game=kuhn_pokr: no such OpenSpiel game; similar: kuhn_poker"),
     (["+env.params.foo=1"], "env.params={'foo': 1}: OpenSpiel's kuhn_poker refuses them"),
@@ -139,6 +149,9 @@ def test_evaluation_plays_each_bot_against_the_model_in_each_seat(tmp_path):
      "env.nash_conv=true enumerates every information state"),
     (["env.game=goofspiel"], "env.game=goofspiel is a simultaneous-move game"),
     (["env.eval_opponents=[mcts]"], "env.eval_opponents=mcts searches the true state; kuhn_poker hides"),
+    (["env.mixture=[kuhn_poker,hearts]"], "env.mixture mixes games of different seat counts"),
+    (["env.mixture=[kuhn_poker,tic_tac_tow]"], "env.mixture names tic_tac_tow: no such OpenSpiel game; similar: "
+                                               "tic_tac_toe"),
     (["workflow=single_agent", "workflow.roles=[agent]"], "env=openspiel"),
     (["env=plan_path"], "workflow=game plays games; env=plan_path is not one"),
     (["env=textarena", "env.env_id=SimpleNegotation-v0"], "env.env_id=SimpleNegotation-v0: no such TextArena env; "
