@@ -15,7 +15,10 @@ per agent (``train/<agent>/success``, with ``eval_before/success`` and ``eval/su
 markers), KL (``train/<policy>/kl_ref``, ``train/<policy>/kl_old`` dashed), entropy
 (``train/<policy>/entropy``), clip fraction (``train/<policy>/clip_ratio/region_mean``), completion
 length per agent (``train/<agent>/completion_tokens``, ``.../completion_tokens_max`` dashed) and the
-sampler-vs-learner log-prob gap (``train/<policy>/logprob_gap/mean``, log scale when positive).
+sampler-vs-learner log-prob gap (``train/<policy>/logprob_gap/mean``, log scale when positive), format failures per
+agent (``train/<agent>/format_failure``: a game's illegal moves) and, for games, the exact exploitability
+(``eval_before/nash_conv``, ``eval/nash_conv``) and each seat's win rate in self-play (``eval/<seat>/win``) and
+against each bot (``eval/vs_<bot>/<seat>/win``, dashed).
 
 Agents are the ``x`` of ``train/<x>/success`` keys (a policy trainer's namespace ``train/<policy>/...``
 may also log a ``reward``, never a ``success``); policies are the ``x`` of ``train/<x>/loss`` keys.
@@ -38,6 +41,7 @@ from marl_cli.report.table import build_cells
 ROLE_KEY = re.compile(r"^train/([^/]+)/success$")
 POLICY_KEY = re.compile(r"^train/([^/]+)/loss$")
 REWARD_KEY = re.compile(r"^train/([^/]+)/reward$")
+VERSUS_KEY = re.compile(r"^eval/vs_([^/]+)/[^/]+/win$")
 
 Records = list[dict[str, Any]]
 
@@ -138,6 +142,10 @@ def cell_panels(runs: list[Records]) -> list[Panel]:
     success += curves([("eval before RL", "eval_before/success", None, "open"),
                        ("eval (held out)", "eval/success", None, "markers")])
     gap = curves([(p, f"train/{p}/logprob_gap/mean", p, "line") for p in policies])
+    versus = sorted({m.group(1) for k in _keys(records) if (m := VERSUS_KEY.match(k))})
+    wins = curves([spec for a in agents for spec in ((f"{a} (self-play)", f"eval/{a}/win", a, "markers"),
+                                                     *((f"{a} vs {bot}", f"eval/vs_{bot}/{a}/win", a, "dashed")
+                                                       for bot in versus))])
     panels = [
         Panel("reward per agent", "train reward", curves([(a, f"train/{a}/reward", a, "line") for a in agents])),
         Panel("success per agent", "success", success, ylim=(-0.02, 1.02)),
@@ -152,6 +160,11 @@ def cell_panels(runs: list[Records]) -> list[Panel]:
                                                (f"{a} max", f"train/{a}/completion_tokens_max", a, "dashed"))])),
         Panel("sampler vs learner log-prob gap", "mean |Δ log p|", gap,
               log=bool(gap) and all(v > 0 for c in gap for v in c.data.mean)),
+        Panel("format failures per agent", "share of turns (games: illegal moves)", curves(
+            [(a, f"train/{a}/format_failure", a, "line") for a in agents]), ylim=(-0.02, 1.02)),
+        Panel("exploitability (games)", "NashConv", curves([("eval before RL", "eval_before/nash_conv", None, "open"),
+                                                             ("eval", "eval/nash_conv", None, "markers")])),
+        Panel("wins per seat (games)", "win rate", wins, ylim=(-0.02, 1.02)),
     ]
     return [p for p in panels if p.curves]
 

@@ -142,3 +142,15 @@ def test_slug():
     assert slug("AT-GRPO, shared policy [trainer.learning_rate=0.001]") == \
         "AT-GRPO_shared_policy_trainer.learning_rate=0.001"
     assert slug("../..") == "run"
+
+
+def test_a_game_run_adds_illegal_moves_exploitability_and_wins_per_seat():
+    records = [{"step": 0, "eval_before/nash_conv": 0.9, "train/player_0/success": 0.0},
+               {"step": 1, "train/player_0/success": 0.5, "train/player_0/format_failure": 0.3},
+               {"step": 2, "eval/nash_conv": 0.4, "eval/player_0/win": 0.5, "eval/vs_mcts/player_0/win": 0.1,
+                "train/player_0/success": 0.5}]
+    panels = {p.title: p for p in cell_panels([records])}
+    assert [c.key for c in panels["exploitability (games)"].curves] == ["eval_before/nash_conv", "eval/nash_conv"]
+    assert [(c.key, c.style) for c in panels["wins per seat (games)"].curves] == [
+        ("eval/player_0/win", "markers"), ("eval/vs_mcts/player_0/win", "dashed")]
+    assert [c.key for c in panels["format failures per agent"].curves] == ["train/player_0/format_failure"]
