@@ -404,7 +404,8 @@ def process_gone(summary: dict[str, Any]) -> bool:
 
 
 def load_run(path: Path, metric: str = "success") -> Run:
-    """Read one run dir: its config, overrides, summary, labels, seed, and the value ``eval/<metric>`` × 100."""
+    """Read one run dir: its config, overrides, summary, labels, seed, and the value ``eval/<metric>`` (× 100 for a
+    rate: ``scale``)."""
     config = _read_yaml(path / ".hydra" / "config.yaml")
     overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
     overrides = [str(o) for o in overrides] if isinstance(overrides, list) else []
@@ -448,17 +449,26 @@ def load_run(path: Path, metric: str = "success") -> Run:
     return run
 
 
+NOT_RATES = ("nash_conv", "games", "tasks", "turns", "return", "completion_tokens")
+"""Metrics that are not shares of episodes: the report shows them as they are, not in percent."""
+
+
+def scale(metric: str) -> float:
+    """What the report multiplies ``eval/<metric>`` by: 100 for a rate (success, pass@k, a win rate), else 1."""
+    return 1.0 if any(part in NOT_RATES for part in metric.split("/")) else 100.0
+
+
 def _result(run: Run, summary: dict[str, Any], metric: str) -> str | None:
     """Set ``run``'s value (and starting point) from its summary; return why it has none (None: it has one)."""
     if run.status != "completed":
         return _status_reason(summary, last_logged_step(Path(run.path) / "metrics.jsonl"))
     before = _number(summary.get(f"eval_before/{metric}"))
     if run.before_method and before is not None:
-        run.before = 100.0 * before
+        run.before = scale(metric) * before
     value = _number(summary.get(f"eval/{metric}"))
     if value is None:
         return f"no eval/{metric}"
-    run.value = 100.0 * value
+    run.value = scale(metric) * value
     return None
 
 

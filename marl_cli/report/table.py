@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from marl_cli.report.runs import BEFORE_IGNORED, BOOKKEEPING, NUMBER, Run, is_bookkeeping, leaves
+from marl_cli.report.runs import BEFORE_IGNORED, BOOKKEEPING, NUMBER, Run, is_bookkeeping, leaves, scale
 
 METHOD_ORDER = ("single agent", "single agent + GRPO", "MAS, prompt only", "MAS + GRPO", "AT-GRPO, shared policy",
                 "AT-GRPO, per-role policies", "AT-GRPO, LoRA per role", "M-GRPO, frozen sub", "M-GRPO")
@@ -261,7 +261,7 @@ def row_notes(cells: list[Cell]) -> dict[str, str]:
 def markdown(cells: list[Cell], runs: list[Run], metric: str = "success", digits: int = 1) -> str:
     """The whole report: one titled table per ``report.table`` with its paper sources, then runs without a result."""
     with_value = sum(r.value is not None for r in runs)
-    parts = [f"# marl report: eval/{metric} (%)", "",
+    parts = [f"# marl report: eval/{metric}" + (" (%)" if scale(metric) == 100.0 else ""), "",
              f"{len(runs)} run{'s' if len(runs) != 1 else ''}, {with_value} with a result; "
              "cells show mean ± sample std over seeds (n = runs)."]
     footnotes = 0

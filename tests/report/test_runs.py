@@ -237,3 +237,12 @@ def test_a_running_run_reports_the_last_step_its_metrics_logged(tmp_path):
     (path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 8, "train/rew')  # a line cut mid-write
     assert load_run(path).reason == "status running (step 7 of 10)"
     assert last_logged_step(path / "missing.jsonl") is None
+
+
+@pytest.mark.parametrize(("metric", "factor"), [("success", 100.0), ("pass@4", 100.0), ("player_0/win", 100.0),
+                                                ("vs_mcts/player_1/win", 100.0), ("nash_conv", 1.0),
+                                                ("nash_conv/kuhn_poker", 1.0), ("games", 1.0)])
+def test_rates_are_shown_in_percent_and_other_figures_as_they_are(metric, factor):
+    from marl_cli.report.runs import scale
+
+    assert scale(metric) == factor
