@@ -587,6 +587,9 @@ class EvalConfig:
     # role -> what its evaluation sampling changes (schema.RoleSampling keys): a role samples in evaluation as in
     # training (rollout.*, rollout.roles.<role>) but at eval.temperature, then with these
     roles: dict[str, Any] = field(default_factory=dict)
+    # games (marl eval): a round-robin between these players (run or checkpoint dirs, bot:<name>), each pair in both
+    # seatings on env.eval_size deals; each player's Bradley–Terry rating (training/league.py)
+    league: list[str] = field(default_factory=list)
 
 
 PoolSample = choices("PoolSample", "uniform", "recency")

@@ -27,6 +27,7 @@ from marl_cli.rollout.induced import induced_nash_conv
 from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run
+from marl_cli.training.league import play_league
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"status": "running", "command": "eval", "name": cfg.name, "run_dir": str(run_dir),
                                "env": cfg.env.name, "workflow": cfg.workflow.name, "regime": cfg.policy.name,
                                "load": None, "samples": cfg.eval.samples, "temperature": cfg.eval.temperature}
+    if cfg.eval.get("league"):
+        return run_league(cfg, run_dir, summary)
     run = build_run(cfg, run_dir)
     loaded_run, checkpoint = run.source.loaded_run, run.source.checkpoint
     if checkpoint is not None:
@@ -135,6 +138,28 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         shown = ", ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in
                           ["eval/success", *(f"eval/pass@{k}" for k in pass_k)])
         log.info("eval on %d %s tasks (%s): %s", cfg.env.eval_size, cfg.env.name, cfg.workflow.name, shown)
+    except Exception as exc:
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        write_json(run_dir / "summary.json", summary)
+        tracker.finish(summary)
+    return summary
+
+
+def run_league(cfg: DictConfig, run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """``marl eval eval.league=[...]``: the league's games and ratings (``training/league.py``) as the summary."""
+    def play(run: Run, routing: dict[str, str]) -> list[Any]:
+        """The final states of one pair's games on the held-out deals (the pair's seats as ``routing``)."""
+        tasks = [run.workflow.env.task("eval", i) for i in range(cfg.env.eval_size)]
+        run.rollout.routing = routing  # the backend starts what the seats act through
+        return [ep.state for ep in play_tasks(run, run.rollout.evaluation(), tasks, 1, "league").episodes]
+
+    tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "eval")
+    try:
+        metrics = play_league(cfg, run_dir, play)
+        tracker.log(0, metrics)
+        summary.update(metrics, league=list(cfg.eval.league), status="completed")
     except Exception as exc:
         summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         raise

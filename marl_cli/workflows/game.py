@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import WorkflowConfig
 from marl_cli.core.samples import Sample
+from marl_cli.envs.base import ENVS
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 OUTCOMES = ("win", "draw", "loss", "truncated")
@@ -50,8 +54,6 @@ class GameWorkflowConfig(WorkflowConfig):
 def check_seats(cfg: Any) -> None:
     """The env is a game (it has ``seats``) and the workflow has a role for each of them; a bot in a seat can play
     the game."""
-    from marl_cli.envs.base import ENVS
-
     game = ENVS.get(cfg.env.name)
     if not hasattr(game, "seats"):
         raise ConfigError(f"workflow=game plays games; env={cfg.env.name} is not one (env=openspiel, env=textarena)")
@@ -63,6 +65,25 @@ def check_seats(cfg: Any) -> None:
     for role, bot in (cfg.policy.get("scripted") or {}).items():
         if bot not in ("oracle", "empty"):
             game.check_bot(cfg.env, bot, f"policy.scripted.{role}")
+    check_league(cfg)
+
+
+def check_league(cfg: Any) -> None:
+    """``eval.league`` (``training/league.py``) plays a two-seat game between at least two players, each a saved run
+    or checkpoint or a bot the game can have."""
+    entries = list(OmegaConf.select(cfg, "eval.league", default=None) or [])
+    if not entries:
+        return
+    game = ENVS.get(cfg.env.name)
+    if cfg.workflow.name != "game" or len(cfg.workflow.roles) != 2:
+        raise ConfigError("eval.league plays a two-seat game (workflow=game with two roles)")
+    if len(entries) < 2:
+        raise ConfigError(f"eval.league needs two players or more, got {entries}")
+    for entry in entries:
+        if entry.startswith("bot:"):
+            game.check_bot(cfg.env, entry.removeprefix("bot:"), "eval.league")
+        elif not Path(entry).is_dir():
+            raise ConfigError(f"eval.league names {entry}: no such run or checkpoint directory (or bot:<name>)")
 
 
 @WORKFLOWS.register("game", schema=GameWorkflowConfig, check=check_seats)
