@@ -28,6 +28,7 @@ SMALL = ["trainer.warmstart.enabled=false", "env.size=4", "env.eval_size=4", "ro
 
 
 TEAM = ["workflow=tool_plan", "algorithm=at_grpo", "policy=per_role"]
+GAME = ["env=openspiel", "workflow=game"]
 
 
 @dataclass
@@ -121,6 +122,15 @@ def cases(work: Path) -> list[Case]:
         Case("`trainer.max_staleness=-1`", ["train", "trainer.max_staleness=-1"]),
         Case("GSPO with a token-sum loss", ["train", "trainer.importance_sampling_level=sequence",
                                             "trainer.loss_type=bnpo"]),
+        Case("unknown game `env.game=kuhn_pokr`", ["train", *GAME, "env.game=kuhn_pokr"]),
+        Case("a parameter the game refuses", ["train", *GAME, "+env.params.foo=1"]),
+        Case("a seat count the roles cannot fill", ["train", *GAME, "env.game=leduc_poker", "+env.params.players=3"]),
+        Case("MCTS in a game of hidden information", ["train", *GAME, "+policy.scripted.player_1=mcts"]),
+        Case("an illegal-move rule no game has `env.illegal=forfeit`", ["train", *GAME, "env.illegal=forfeit"]),
+        Case("a league player that does not exist", ["eval", *GAME, "eval.league=[bot:random,/no/such/run]"]),
+        Case("an opponent pool whose opponent trains", ["train", *GAME, "policy=per_role", "pool.every=2"]),
+        Case("unknown TextArena env", ["train", "env=textarena", "workflow=game", "env.env_id=SimpleNegotation-v0"]),
+        Case("RAE outside a game", ["train", "algorithm=rae"]),
         Case("sweep value `rollout.tasks_per_step=2,-1,3`", ["train", "-m", "rollout.tasks_per_step=2,-1,3"]),
         Case("sweep job failing late `env.holes=99,4`", ["train", "-m", "experiment=null", *SMALL, "trainer.steps=0",
                                                          "env=sudoku",
