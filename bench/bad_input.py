@@ -130,7 +130,7 @@ def cases(work: Path) -> list[Case]:
         Case("a league player that does not exist", ["eval", *GAME, "eval.league=[bot:random,/no/such/run]"]),
         Case("an opponent pool whose opponent trains", ["train", *GAME, "policy=per_role", "pool.every=2"]),
         Case("unknown TextArena env", ["train", "env=textarena", "workflow=game", "env.env_id=SimpleNegotation-v0"]),
-        Case("RAE outside a game", ["train", "algorithm=rae"]),
+        Case("RAE outside a game", ["train", "experiment=null", "algorithm=rae"]),
         Case("sweep value `rollout.tasks_per_step=2,-1,3`", ["train", "-m", "rollout.tasks_per_step=2,-1,3"]),
         Case("sweep job failing late `env.holes=99,4`", ["train", "-m", "experiment=null", *SMALL, "trainer.steps=0",
                                                          "env=sudoku",
