@@ -281,7 +281,8 @@ def test_composes_under_eval(experiment):
 def test_train_composes_the_eval_config_without_load(experiment):
     trained = OmegaConf.to_container(_compose("train", (f"experiment={experiment}",)))
     evaluated = OmegaConf.to_container(_plain(experiment))
-    assert evaluated.pop("load") is None and set(evaluated["eval"]) == {"samples", "temperature", "pass_k", "roles"}
+    assert evaluated.pop("load") is None and set(evaluated["eval"]) == {"samples", "temperature", "pass_k", "roles",
+                                                                         "league"}
     assert trained == evaluated
 
 
