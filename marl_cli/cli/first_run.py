@@ -63,8 +63,12 @@ RECIPES = (
     Recipe("toy/table/code_at_grpo_shared", "code", "code_test", "at_grpo"),
     Recipe("toy/research_single", "research", "solo_research", "m_grpo"),
     Recipe("toy/research_mgrpo", "research", "deep_research", "m_grpo", "per_role"),
+    Recipe("toy/selfplay/kuhn_rae", "openspiel", "game", "rae"),
+    Recipe("toy/selfplay/kuhn_grpo", "openspiel", "game", "grpo"),
+    Recipe("toy/selfplay/negotiation_rae", "textarena", "game", "rae"),
 )
-"""Per task family, its single-agent recipe first; then its teams, value methods and credit methods. The first
+"""Per task family, its single-agent recipe first (a game's: self-play of one model); then its teams, value methods
+and credit methods. The first
 recipe that agrees with the most of the command line's group options is the one a command starts from."""
 GROUPS = ("env", "workflow", "algorithm", "policy", "critic", "credit")
 """The config groups a recipe is chosen by."""

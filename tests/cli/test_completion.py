@@ -24,8 +24,8 @@ def test_commands_and_shells():
 
 
 def test_group_options_without_schemas_and_experiments_folder_by_folder():
-    assert query("marl train env=") == [f"env={e}" for e in ("code", "math", "plan_path", "research", "sokoban",
-                                                            "sudoku")]
+    assert query("marl train env=") == [f"env={e}" for e in ("code", "math", "openspiel", "plan_path", "research",
+                                                              "sokoban", "sudoku", "textarena")]
     assert query("marl train rollout=") == ["rollout=hf", "rollout=vllm"]
     assert query("marl train experiment=") == ["experiment=cory/", "experiment=embedded", "experiment=hetero/",
                                               "experiment=paper/", "experiment=toy/"]

@@ -17,7 +17,7 @@ def test_every_task_family_has_a_recipe_and_starts_with_its_single_agent_one():
     assert sorted({r.env for r in RECIPES}) == sorted(ENVS.names())
     for env in ENVS.names():
         first = next(r for r in RECIPES if r.env == env)
-        assert first.workflow in ("single_agent", "solo_research") and first.policy == "shared"
+        assert first.workflow in ("single_agent", "solo_research", "game") and first.policy == "shared"
 
 
 @pytest.mark.parametrize(("args", "experiment"), [

@@ -79,7 +79,8 @@ def test_a_scripted_role_beside_a_learning_one_passes_the_checks(overrides):
 @pytest.mark.parametrize(("overrides", "message"), [
     (["+policy.scripted.boss=oracle"], r"^policy.scripted names roles \['boss'\] that the workflow lacks; roles: "),
     (["+policy.scripted.plan=nope"], r"^policy.scripted.plan='nope': no scripted actor of that name; choose from: "
-                                     r"empty, oracle \(a plug-in's\? name its module in MARL_PLUGINS\)$"),
+                                     r"empty, first_legal, mcts, minimax, oracle, random \(a plug-in's\? name its "
+                                     r"module in MARL_PLUGINS\)$"),
     (["+policy.scripted={tool: oracle, plan: empty}"], r"^policy.scripted scripts every role \['tool', 'plan'\]: "
                                                        r"no model is left"),
     (["+policy.scripted.plan=oracle", "+policy.assignment.plan=tool"],
