@@ -24,8 +24,10 @@ OpenSpiel is an optional dependency (``pip install 'marl[games]'``), imported on
 from __future__ import annotations
 
 import difflib
+import importlib
 import random
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -218,6 +220,17 @@ def check_bot(game: Any, bot: str, where: str) -> None:
                           f"{kind.short_name} is not: use mcts, random or first_legal")
 
 
+def open_spiel_python(module: str) -> Any:
+    """``open_spiel.python.<module>``. It imports absl, whose log handler keeps the stderr of the moment and closes
+    it when logging is reconfigured (``logging.config.dictConfig``: Hydra's, every job) unless it is the process's
+    own; a run's stderr may be a tee or a captured stream then, so the handler is pointed at ``sys.__stderr__``."""
+    loaded = importlib.import_module(f"open_spiel.python.{module}")
+    from absl import logging as absl_logging
+
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+    return loaded
+
+
 def normalise(text: str) -> str:
     """A move's name as matched: lower case, no spaces, brackets, quotes or final full stop."""
     return re.sub(r"[\s\[\]()'\"`*]", "", text.lower()).rstrip(".")
@@ -367,8 +380,7 @@ class OpenSpielEnv(Env):
         legal move by name. The sum over seats of what a best response to the others gains over the policy's own
         value, computed exactly by OpenSpiel (0 at a Nash equilibrium; Kuhn poker's uniform policy: 0.9167). ``kind``:
         which game of the mixture."""
-        from open_spiel.python import policy
-        from open_spiel.python.algorithms import exploitability
+        policy, exploitability = open_spiel_python("policy"), open_spiel_python("algorithms.exploitability")
 
         game = self.kinds[kind][1]
         table = policy.TabularPolicy(game)
@@ -412,14 +424,14 @@ class OpenSpielEnv(Env):
 
     def _mcts(self, game: Any, rng: random.Random) -> Any:
         import numpy as np
-        from open_spiel.python.algorithms import mcts
+        mcts = open_spiel_python("algorithms.mcts")
 
         state = np.random.RandomState(rng.getrandbits(31))
         evaluator = mcts.RandomRolloutEvaluator(self.cfg.mcts_rollouts, state)
         return mcts.MCTSBot(game, 2.0, self.cfg.mcts_simulations, evaluator, random_state=state, solve=True)
 
     def _minimax(self, game: Any, seat: int) -> int:
-        from open_spiel.python.algorithms import minimax
+        minimax = open_spiel_python("algorithms.minimax")
 
         _, action = minimax.alpha_beta_search(game.get_game(), game.clone(), lambda s: 0.0, self.cfg.minimax_depth,
                                               seat)

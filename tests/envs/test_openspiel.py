@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from omegaconf import OmegaConf
 
-from marl_cli.envs.openspiel import OpenSpielConfig, OpenSpielEnv
+from marl_cli.envs.openspiel import OpenSpielConfig, OpenSpielEnv, open_spiel_python
 
 GAMES = {  # game, parameters, games played
     "tic_tac_toe": ({}, 600),
@@ -147,8 +147,7 @@ def _bet_by_card(info: str) -> float:
 
 @pytest.mark.parametrize("game", ["kuhn_poker", "leduc_poker"])
 def test_the_nash_conv_of_a_tabular_policy_equals_openspiels(game):
-    from open_spiel.python import policy
-    from open_spiel.python.algorithms import exploitability
+    policy, exploitability = open_spiel_python("policy"), open_spiel_python("algorithms.exploitability")
 
     env = env_of(game)
     rng = random.Random(5)
@@ -171,8 +170,7 @@ def test_the_nash_conv_of_a_tabular_policy_equals_openspiels(game):
 
 
 def test_kuhn_poker_uniform_play_has_nash_conv_0_9167_and_a_hand_built_policy_its_own():
-    from open_spiel.python import policy
-    from open_spiel.python.algorithms import exploitability
+    policy, exploitability = open_spiel_python("policy"), open_spiel_python("algorithms.exploitability")
 
     env = env_of("kuhn_poker")
 
@@ -196,8 +194,7 @@ def test_kuhn_poker_uniform_play_has_nash_conv_0_9167_and_a_hand_built_policy_it
 
 
 def test_a_mixture_deals_its_games_in_turn_each_with_its_own_rules_and_exact_nash_conv():
-    from open_spiel.python import policy
-    from open_spiel.python.algorithms import exploitability
+    policy, exploitability = open_spiel_python("policy"), open_spiel_python("algorithms.exploitability")
 
     env = OpenSpielEnv(OmegaConf.structured(OpenSpielConfig(mixture=["kuhn_poker", "leduc_poker(players=2)"])), 7)
     tasks = [env.task("train", i) for i in range(4)]
