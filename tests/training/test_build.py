@@ -18,7 +18,7 @@ TEAM = [*FAST, "workflow=tool_plan", "algorithm=at_grpo", "policy=per_role", "ro
 
 def test_a_two_role_run_builds_one_policy_per_role_and_computes_the_role_map_once(tmp_path):
     cfg = train_config(*TEAM)
-    with mock.patch.object(build, "assign_roles", wraps=roles.assign_roles) as assign:
+    with mock.patch.object(build, "run_role_map", wraps=roles.role_map) as assign:
         run = build_run(cfg, tmp_path / "run")
     assert assign.call_count == 1
     assert run.role_map == {"tool": "tool", "plan": "plan"} and run.routing == run.role_map
