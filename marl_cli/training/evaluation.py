@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from math import comb
 from pathlib import Path
@@ -130,14 +131,26 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     policies = run.policies
     summary["policies"] = {n: p.roles for n, p in policies.items()}
     write_json(run_dir / "summary.json", summary)
-    tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "eval")
-    try:
+
+    def measured() -> dict[str, float]:
         metrics = evaluate(run, "eval", cfg.eval.samples, pass_k)
-        tracker.log(0, metrics)
-        summary.update(metrics, status="completed")
         shown = ", ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in
                           ["eval/success", *(f"eval/pass@{k}" for k in pass_k)])
         log.info("eval on %d %s tasks (%s): %s", cfg.env.eval_size, cfg.env.name, cfg.workflow.name, shown)
+        return metrics
+
+    return recorded(cfg, run_dir, summary, measured)
+
+
+def recorded(cfg: DictConfig, run_dir: Path, summary: dict[str, Any],
+             measure: Callable[[], dict[str, float]]) -> dict[str, Any]:
+    """``measure``'s metrics logged and added to ``summary`` (status completed, or failed with the error), which is
+    written to ``summary.json`` whatever happens; the summary."""
+    tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "eval")
+    try:
+        metrics = measure()
+        tracker.log(0, metrics)
+        summary.update(metrics, status="completed")
     except Exception as exc:
         summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -155,15 +168,5 @@ def run_league(cfg: DictConfig, run_dir: Path, summary: dict[str, Any]) -> dict[
         run.rollout.routing = routing  # the backend starts what the seats act through
         return [ep.state for ep in play_tasks(run, run.rollout.evaluation(), tasks, 1, "league").episodes]
 
-    tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "eval")
-    try:
-        metrics = play_league(cfg, run_dir, play)
-        tracker.log(0, metrics)
-        summary.update(metrics, league=list(cfg.eval.league), status="completed")
-    except Exception as exc:
-        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        write_json(run_dir / "summary.json", summary)
-        tracker.finish(summary)
-    return summary
+    summary["league"] = list(cfg.eval.league)
+    return recorded(cfg, run_dir, summary, lambda: play_league(cfg, run_dir, play))
