@@ -27,6 +27,7 @@ SMALL = ["trainer.warmstart.enabled=false", "env.size=4", "env.eval_size=4", "ro
          "progress=false"]
 
 
+ARITHMETIC = Path(__file__).resolve().parents[1] / "examples" / "datasets" / "arithmetic.jsonl"
 TEAM = ["workflow=tool_plan", "algorithm=at_grpo", "policy=per_role"]
 GAME = ["env=openspiel", "workflow=game"]
 
@@ -131,6 +132,12 @@ def cases(work: Path) -> list[Case]:
         Case("an opponent pool whose opponent trains", ["train", *GAME, "policy=per_role", "pool.every=2"]),
         Case("unknown TextArena env", ["train", "env=textarena", "workflow=game", "env.env_id=SimpleNegotation-v0"]),
         Case("RAE outside a game", ["train", "experiment=null", "algorithm=rae"]),
+        Case("`env=dataset` without a source", ["train", "env=dataset"]),
+        Case("a dataset file that does not exist", ["train", "env=dataset", "env.train.source=no/such.jsonl"]),
+        Case("a column the dataset lacks", ["train", "env=dataset", f"env.train.source={ARITHMETIC}",
+                                            "env.columns.prompt=problem_text"]),
+        Case("code tests the dataset lacks", ["train", "env=dataset", f"env.train.source={ARITHMETIC}",
+                                              "env.verifier=code"]),
         Case("sweep value `rollout.tasks_per_step=2,-1,3`", ["train", "-m", "rollout.tasks_per_step=2,-1,3"]),
         Case("sweep job failing late `env.holes=99,4`", ["train", "-m", "experiment=null", *SMALL, "trainer.steps=0",
                                                          "env=sudoku",

@@ -157,6 +157,7 @@ def refusal(overrides: list[str], search_dirs: list[str] = ()) -> str:
     from marl_cli.config.errors import ConfigError
     from marl_cli.config.validate import check_overrides
 
+    register_configs()
     try:
         check_overrides("train", overrides, list(search_dirs))
     except ConfigError as exc:

@@ -67,6 +67,12 @@ class Env(ABC):
         if cfg.actions_per_episode < 1:
             raise ConfigError(f"env.actions_per_episode must be at least 1, got {cfg.actions_per_episode}")
 
+    @classmethod
+    def uses_sandbox(cls, cfg: Any) -> bool:
+        """Whether an env of this class configured by ``cfg`` runs model-written code (``runs_code`` unless a
+        setting decides it)."""
+        return cls.runs_code
+
     def task(self, split: str, index: int) -> Any:
         """Task ``index`` of ``split``, deterministic from the run seed."""
         return self.make_task(task_seed(split, index, self.seed))

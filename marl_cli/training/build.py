@@ -85,8 +85,7 @@ def init_seed(cfg: DictConfig) -> int:
 def build_team(cfg: DictConfig, seed: int | None = None, sandbox: Sandbox | None = None) -> Workflow:
     """The workflow over its environment seeded by ``seed`` (default: the run seed), with ``sandbox`` (default:
     a new one when either executes model-written code)."""
-    runs_code = any(getattr(registry.get(name), "runs_code", False)
-                    for registry, name in ((ENVS, cfg.env.name), (WORKFLOWS, cfg.workflow.name)))
+    runs_code = ENVS.get(cfg.env.name).uses_sandbox(cfg.env) or WORKFLOWS.get(cfg.workflow.name).runs_code
     if sandbox is None and runs_code:
         sandbox = Sandbox(cfg.sandbox)
     return build_workflow(cfg.workflow, build_env(cfg.env, cfg.seed if seed is None else seed, sandbox))
