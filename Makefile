@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install --quiet -e ".[dev,games]"
+	$(BIN)/pip install --quiet -e ".[dev,games,envs]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -66,6 +66,8 @@ RECIPES = (
     Recipe("toy/selfplay/kuhn_rae", "openspiel", "game", "rae"),
     Recipe("toy/selfplay/kuhn_grpo", "openspiel", "game", "grpo"),
     Recipe("toy/selfplay/negotiation_rae", "textarena", "game", "rae"),
+    Recipe("envs/dataset_arithmetic", "dataset"),
+    Recipe("envs/openenv_guess_number", "openenv"),
 )
 """Per task family, its single-agent recipe first (a game's: self-play of one model); then its teams, value methods
 and credit methods. The first

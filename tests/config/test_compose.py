@@ -51,6 +51,10 @@ def test_every_group_option_composes(group, option):
         overrides += ["env=openspiel", "workflow=game"]  # the game estimators score the seats of a game
     if (group, option) in (("env", "openspiel"), ("env", "textarena")):
         overrides.append("workflow=game")  # a game: a role per seat
+    adapters = {("env", "dataset"): "env.train.source=examples/datasets/arithmetic.jsonl",
+                ("env", "openenv"): "env.environment=examples/openenv_envs/guess_number.py:GuessNumberEnvironment"}
+    if (group, option) in adapters:
+        overrides.append(adapters[group, option])  # an adapter needs the user's data or environment
     if (group, option) == ("workflow", "game"):
         overrides.append("env=openspiel")
     pairs = {("algorithm", "ppo"): "critic=token", ("algorithm", "marft"): "critic=utterance",
