@@ -14,7 +14,8 @@ whole match; no match is a format failure). The verifier decides correctness:
   pairs (``[in, out]`` or ``{input, output}``), or such a list as JSON text. The reward is the share passed.
 
 Rewards: ``correct_reward`` for a right answer (it ends the episode), ``wrong_reward`` for a readable wrong one,
-``format_penalty`` for none. Splits never share a prompt: with no ``env.eval.source``, one prompt in
+``format_penalty`` for none. ``env.extract`` also picks the gold answer out of a gold cell it matches (GSM8K's
+``... #### 72``). Splits never share a prompt: with no ``env.eval.source``, one prompt in
 ``env.holdout`` (by a hash of its text) is held out of the training rows for evaluation; with one, training rows
 whose prompt is also an evaluation prompt are dropped (counted in a warning). Unusable rows (no prompt, no answer
 or no tests, tests that do not parse) are skipped and counted by reason; a source with none left is an error.
@@ -160,6 +161,15 @@ def row_task(row: dict[str, Any], fields: dict[str, str], code: bool) -> Dataset
     return DatasetTask(prompt, answer, tests, function)
 
 
+def gold_answer(task: DatasetTask, pattern: re.Pattern[str] | None) -> DatasetTask:
+    """``task`` with its gold answer picked out by ``env.extract`` where the pattern matches it (kept whole else)."""
+    found = pattern.search(task.answer) if pattern is not None else None
+    if found is None:
+        return task
+    picked = (found.group(1) if pattern.groups else found.group(0)).strip()
+    return replace(task, answer=picked) if picked else task
+
+
 def column_map(cfg: Any, columns: list[str], where: str) -> dict[str, str]:
     """The column of each task part (a one-line ConfigError for a named column the data lacks)."""
     code = cfg.verifier == Verifier.code
@@ -182,9 +192,10 @@ def load_rows(cfg: Any, split: str) -> list[DatasetTask]:
     heads = sorted({f.split(".")[0] for f in fields.values() if f})
     tasks: dict[DatasetTask, None] = {}
     skipped: Counter[str] = Counter()
+    gold = re.compile(cfg.extract) if cfg.extract and cfg.verifier != Verifier.code else None
     for row in iter_rows(data.select_columns(heads)):
         try:
-            tasks.setdefault(row_task(row, fields, cfg.verifier == Verifier.code))
+            tasks.setdefault(gold_answer(row_task(row, fields, cfg.verifier == Verifier.code), gold))
         except ValueError as exc:
             skipped[str(exc)] += 1
         if src.limit and len(tasks) >= src.limit:

@@ -78,6 +78,12 @@ def test_exact_and_regex_verifiers_follow_their_rule_and_extract_picks_the_answe
     step = picked.step(picked.initial_state(task), "I think so. Answer: City 3")
     assert step.success and not picked.step(picked.initial_state(task), "City 3").format_ok
     assert exact_text(" A  b. ", re.I) == "a b"
+    worked = write(tmp_path / "gsm.jsonl", [{"question": f"q{i}", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
+                                            for i in range(20)])
+    gsm = env_of(worked, holdout=2, extract="#### (.+)", verifier="math")
+    task = gsm.train_rows[0]
+    assert task.answer == str(int(task.prompt[1:]) + 1)
+    assert gsm.step(gsm.initial_state(task), f"#### {task.answer}").success
 
 
 def test_a_chat_prompt_and_a_dotted_path_are_read(tmp_path):
