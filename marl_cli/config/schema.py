@@ -228,7 +228,7 @@ class WorkflowConfig:
     name: str = MISSING  # the registered workflow (set by the option)
     roles: list[str] = field(default_factory=lambda: ["agent"])  # the agents, in turn order
     max_turns: int = bounded(1, ge=1)  # turns per episode (each role acts at most once per turn)
-    answer_marker: str = "####"  # the answer is the text after the last marker
+    answer_marker: str = "####"  # the answer is the text after the last marker; "": the whole reply
     # template; fields {rules}, {observation}, {marker}, {<role>} (its latest output)
     prompt: str = "{rules}\n{observation}\nAnswer after {marker}.\n"
     prompts: dict[str, str] = field(default_factory=dict)  # role → template; roles not named use `prompt`

@@ -67,8 +67,10 @@ def phrase_spans(pieces: list[str], credit: Any, cfg: Any) -> list[bool]:
 
 @detector("before_answer")
 def before_answer(pieces: list[str], credit: Any, cfg: Any) -> list[bool]:
-    """Tokens before the last ``workflow.answer_marker`` (none when the completion has no marker)."""
-    cut = "".join(pieces).rfind(cfg.workflow.answer_marker)
+    """Tokens before the last ``workflow.answer_marker`` (none when the completion has no marker, or the marker is
+    empty: the whole reply is the answer)."""
+    marker = cfg.workflow.answer_marker
+    cut = "".join(pieces).rfind(marker) if marker else -1
     return spans_to_tokens(pieces, [(0, cut)] if cut > 0 else [])
 
 

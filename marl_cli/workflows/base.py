@@ -37,10 +37,13 @@ _FENCE = re.compile(r"```(?:python|py)?\s*\n?(.*?)```", re.DOTALL)
 
 
 def extract_code(text: str, marker: str) -> str | None:
-    """The code in ``text``: the last fenced block, else what follows the last ``marker``; None if empty."""
+    """The code in ``text``: the last fenced block, else what follows the last ``marker`` (an empty marker: all of
+    ``text``); None if empty."""
     blocks = _FENCE.findall(text)
     if blocks:
         code = blocks[-1]
+    elif not marker:
+        code = text
     elif marker in text:
         code = text.rsplit(marker, 1)[1]
     else:
@@ -136,8 +139,10 @@ class Workflow(ABC):
                               f"{', '.join(sorted(fields))}") from exc
 
     def parse(self, text: str) -> str | None:
-        """The answer after the last ``answer_marker``, or None when there is none."""
+        """The answer after the last ``answer_marker`` (an empty marker: the whole reply), or None when there is none."""
         marker = self.cfg.answer_marker
+        if not marker:
+            return text.strip() or None
         if marker not in text:
             return None
         answer = text.rsplit(marker, 1)[1].strip()
@@ -145,7 +150,7 @@ class Workflow(ABC):
 
     def format_answer(self, answer: str) -> str:
         """The completion that states ``answer`` in this workflow's format (used for demonstrations)."""
-        return f"{self.cfg.answer_marker} {answer}"
+        return f"{self.cfg.answer_marker} {answer}" if self.cfg.answer_marker else answer
 
     def outcome(self, state: TeamState, local: float, format_ok: bool, info: dict[str, float] | None = None,
                 team: float | None = None, solved: bool | None = None) -> Outcome:

@@ -65,6 +65,8 @@ def test_the_before_answer_detector_marks_what_precedes_the_last_marker(tokenize
     marks = DETECTORS["before_answer"](pieces, None, cfg)
     assert "".join(p for p, m in zip(pieces, marks, strict=True) if m) == "go right then down "
     assert not any(DETECTORS["before_answer"](_pieces(tokenizer, "R D"), None, cfg))
+    whole = SimpleNamespace(workflow=SimpleNamespace(answer_marker=""))  # the whole reply is the answer
+    assert not any(DETECTORS["before_answer"](pieces, None, whole))
 
 
 def test_hicra_gives_each_row_token_advantages_and_logs_what_it_marked(tokenizer):

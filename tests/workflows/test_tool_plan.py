@@ -25,6 +25,7 @@ def test_extract_code_prefers_fences_then_the_marker():
     assert extract_code("x\n```python\nprint(1)\n```\n#### print(2)", "####") == "print(1)"
     assert extract_code("think #### print('R')", "####") == "print('R')"
     assert extract_code("no code here", "####") is None
+    assert extract_code(" print(3) ", "") == "print(3)" and extract_code("  ", "") is None  # empty marker: all of it
 
 
 def test_tool_is_scored_on_a_copy_and_its_output_reaches_the_plan_prompt(workflow):
@@ -57,3 +58,9 @@ def test_demonstrations_solve_the_task_through_the_workflow(workflow):
     assert tool.solved
     plan = workflow.act("plan", tool.state, workflow.demonstration("plan", tool.state))
     assert plan.success
+
+
+def test_an_empty_answer_marker_makes_the_whole_reply_the_answer(workflow):
+    whole = type(workflow)(OmegaConf.merge(workflow.cfg, {"answer_marker": ""}), workflow.env)
+    assert whole.parse("  R D \n") == "R D" and whole.parse(" ") is None
+    assert whole.format_answer("R D") == "R D" and workflow.format_answer("R D") == "#### R D"
