@@ -68,6 +68,7 @@ RECIPES = (
     Recipe("toy/selfplay/negotiation_rae", "textarena", "game", "rae"),
     Recipe("envs/dataset_arithmetic", "dataset"),
     Recipe("envs/openenv_guess_number", "openenv"),
+    Recipe("envs/verifiers_retry_arithmetic", "verifiers"),
 )
 """Per task family, its single-agent recipe first (a game's: self-play of one model); then its teams, value methods
 and credit methods. The first
