@@ -16,8 +16,9 @@ The mapping, where marl generates every reply of the model and the library does 
   one message as it is, several as ``User:`` / ``Assistant:`` / ``Tool result:`` blocks; the row's system message
   first (``env.system=inline``) or not at all (``drop``). A tool environment's tools are listed before it, with the
   call syntax ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
-- the answer (what the workflow passes: with ``workflow=single_agent`` the text after its answer marker, so the
-  environment's reply format goes after the marker) is the assistant message's content; in a tool environment its
+- the answer (what the workflow passes: the text after its answer marker, or with ``workflow.answer_marker=''`` the
+  whole reply, which is what an environment whose parser reads the whole message wants) is the assistant message's
+  content; in a tool environment its
   ``<tool_call>`` blocks become the message's tool calls. The library adds it to the rollout
   (``add_model_response``), checks its stop conditions (``is_completed``) and, when none fired, builds the next
   prompt (``get_prompt_messages``: its ``env_response``). The ``env.actions_per_episode``-th answer ends the episode
