@@ -26,7 +26,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import random
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -34,11 +33,11 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded, choices
-from marl_cli.envs.base import ENVS, Env, Transition, task_seed
+from marl_cli.envs.base import ENVS, Transition, task_seed
+from marl_cli.envs.games import GameEnv, IllegalRule, normalise, require_game_workflow
 
 INSTALL = "pip install 'marl[games]'"
 View = choices("View", "auto", "information_state", "observation", module=__name__)
-IllegalRule = choices("IllegalRule", "lose", "retry", module=__name__)
 BOTS = ("random", "first_legal", "mcts", "minimax")
 """The scripted players a game offers (``policy.scripted.<seat>=<bot>``)."""
 RULES = {
@@ -161,9 +160,7 @@ def load_games(cfg: Any) -> list[tuple[str, Any]]:
 
 def check_game(cfg: Any) -> None:
     """The game exists, takes the parameters, sequential play is what marl can drive, a seat per role plays it."""
-    if cfg.workflow.name != "game":
-        raise ConfigError(f"env=openspiel is a game: play it with workflow=game (one role per seat), not "
-                          f"workflow={cfg.workflow.name}")
+    require_game_workflow(cfg, "openspiel")
     for name, game in load_games(cfg.env):
         check_playable(cfg.env, name, game)
 
@@ -231,14 +228,13 @@ def open_spiel_python(module: str) -> Any:
     return loaded
 
 
-def normalise(text: str) -> str:
-    """A move's name as matched: lower case, no spaces, brackets, quotes or final full stop."""
-    return re.sub(r"[\s\[\]()'\"`*]", "", text.lower()).rstrip(".")
-
-
 @ENVS.register("openspiel", schema=OpenSpielConfig, check=check_game)
-class OpenSpielEnv(Env):
+class OpenSpielEnv(GameEnv):
     """An OpenSpiel game; a task is its deal (a seed), seats are ``workflow=game``'s roles."""
+
+    library = "OpenSpiel"
+    bots = BOTS
+    game_key = "game"
 
     def __init__(self, cfg: Any, seed: int = 0, sandbox: Any = None):
         super().__init__(cfg, seed, sandbox)
@@ -275,11 +271,9 @@ class OpenSpielEnv(Env):
         return self.cfg.rules or RULES.get(name, game.get_type().long_name)
 
     def rules_for(self, state: GameState) -> str:
-        """The rules of the game ``state`` is a position of."""
         return self.rules(state.kind)
 
     def game_of(self, state: GameState) -> str:
-        """The name of the game ``state`` is a position of."""
         return self.names[state.kind]
 
     def initial_state(self, task: tuple[int, int] | int) -> GameState:
@@ -305,7 +299,6 @@ class OpenSpielEnv(Env):
         return replace(state, game=game, chances=chances)
 
     def seat(self, state: GameState) -> int | None:
-        """The seat to move, or None when the game is over."""
         return None if state.over else state.game.current_player()
 
     def legal_moves(self, state: GameState) -> list[str]:
@@ -327,14 +320,8 @@ class OpenSpielEnv(Env):
         moves = ", ".join(f"player_{p}: {name}" for p, name in state.moves) or "none yet"
         return f"Moves so far: {moves}\n{mine}"
 
-    def observe(self, state: GameState) -> str:
-        seat = self.seat(state)
-        return self.view(state, 0 if seat is None else seat)
-
-    def step(self, state: GameState, action: str | None) -> Transition:
+    def move(self, state: GameState, action: str | None) -> Transition:
         """Play the seat to move's ``action`` (a legal move's name); an illegal or missing one by ``env.illegal``."""
-        if state.over:
-            raise ValueError("the game is over: no seat is to move")
         seat = state.game.current_player()
         wanted = normalise(action) if action else None
         legal = {normalise(state.game.action_to_string(seat, a)): a for a in state.game.legal_actions()}
@@ -344,22 +331,11 @@ class OpenSpielEnv(Env):
             game.apply_action(legal[wanted])
             new = self._settle_chance(replace(state, game=game, moves=(*state.moves, (seat, name))))
             return Transition(new, 0.0, new.over, new.over, True, {"illegal": 0.0, "game": float(state.kind)})
-        illegal = tuple(n + (p == seat) for p, n in enumerate(state.illegal))
-        if self.cfg.illegal == "retry" and illegal[seat] <= self.cfg.max_retries:
-            return Transition(replace(state, illegal=illegal), self.cfg.retry_penalty, False, False, False,
-                              {"illegal": 1.0, "game": float(state.kind)})
-        return Transition(replace(state, illegal=illegal, forfeit=seat), 0.0, True, False, False,
-                          {"illegal": 1.0, "game": float(state.kind)})
+        return self.refuse(state, seat, {"game": float(state.kind)})
 
-    def returns(self, state: GameState) -> list[float]:
-        """Each seat's outcome: the library's returns at the end, the illegal-move rule's after a forfeit, 0 for
-        every seat in a game cut off before its end."""
-        if state.forfeit is not None:
-            return [self.cfg.illegal_reward if p == state.forfeit else self.cfg.illegal_others
-                    for p in range(self.players)]
-        if state.game.is_terminal():
-            return [float(r) for r in state.game.returns()]
-        return [0.0] * self.players
+    def outcome(self, state: GameState) -> list[float]:
+        """The library's returns."""
+        return [float(r) for r in state.game.returns()]
 
     def position(self, state: Any, kind: int = 0) -> GameState:
         """The library's ``state`` of game ``kind`` (a decision node reached by any history) as a position marl
@@ -394,15 +370,6 @@ class OpenSpielEnv(Env):
             table.action_probability_array[row] = 0.0
             table.action_probability_array[row, legal] = given
         return float(exploitability.nash_conv(game, table))
-
-    def score(self, state: GameState) -> float:
-        """1 once the game has ended by its rules (no forfeit), else 0: whether it was played out."""
-        return float(state.forfeit is None and state.game.is_terminal())
-
-    def oracle(self, state: GameState) -> str | None:
-        """A legal move drawn uniformly from the position's own generator: what a warm start on legal moves shows
-        (a game has no single right move; the demonstrations teach the answer format and the legal moves)."""
-        return self.bot_move(state, "random")
 
     def bot_move(self, state: GameState, bot: str) -> str | None:
         """The move ``bot`` (``BOTS``) plays in ``state``, by name; None when the game is over."""

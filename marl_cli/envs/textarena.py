@@ -27,8 +27,9 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded
-from marl_cli.envs.base import ENVS, Env, Transition
-from marl_cli.envs.openspiel import INSTALL, IllegalRule
+from marl_cli.envs.base import ENVS, Transition
+from marl_cli.envs.games import GameEnv, IllegalRule, require_game_workflow
+from marl_cli.envs.openspiel import INSTALL
 
 
 @dataclass
@@ -72,9 +73,7 @@ def make_game(cfg: Any) -> Any:
 
 def check_arena(cfg: Any) -> None:
     """The env id exists, the game takes ``env.players`` seats, and a game workflow plays it."""
-    if cfg.workflow.name != "game":
-        raise ConfigError(f"env=textarena is a game: play it with workflow=game (one role per seat), not "
-                          f"workflow={cfg.workflow.name}")
+    require_game_workflow(cfg, "textarena")
     TextArenaEnv.reset_game(cfg.env, 0)
 
 
@@ -93,8 +92,10 @@ class ArenaState:
 
 
 @ENVS.register("textarena", schema=TextArenaConfig, check=check_arena)
-class TextArenaEnv(Env):
+class TextArenaEnv(GameEnv):
     """A TextArena game; a task is its seed, seats are ``workflow=game``'s roles."""
+
+    library = "TextArena"
 
     def __init__(self, cfg: Any, seed: int = 0, sandbox: Any = None):
         super().__init__(cfg, seed, sandbox)
@@ -104,11 +105,6 @@ class TextArenaEnv(Env):
     @staticmethod
     def seats(cfg: Any) -> int:
         return cfg.players
-
-    @staticmethod
-    def check_bot(cfg: Any, bot: str, where: str) -> None:
-        raise ConfigError(f"{where}={bot}: TextArena games have no bots in marl (OpenSpiel's do); fill the seat with a "
-                          "policy (policy=per_role, trainer.frozen_roles for a fixed one)")
 
     @staticmethod
     def reset_game(cfg: Any, seed: int) -> Any:
@@ -130,12 +126,6 @@ class TextArenaEnv(Env):
     def rules(self) -> str:
         game = self.cfg.env_id.split("-")[0]
         return f"You are playing {game} (TextArena); the game master's messages give the rules."
-
-    def rules_for(self, state: ArenaState) -> str:
-        return self.rules()
-
-    def game_of(self, state: ArenaState) -> str:
-        return self.cfg.env_id
 
     def initial_state(self, task: int) -> ArenaState:
         game = self.reset_game(self.cfg, task)
@@ -162,14 +152,8 @@ class TextArenaEnv(Env):
     def view(self, state: ArenaState, seat: int) -> str:
         return "\n".join(state.logs[seat]) or "(nothing yet)"
 
-    def observe(self, state: ArenaState) -> str:
-        seat = self.seat(state)
-        return self.view(state, 0 if seat is None else seat)
-
-    def step(self, state: ArenaState, action: str | None) -> Transition:
+    def move(self, state: ArenaState, action: str | None) -> Transition:
         """Pass the seat to move's ``action`` to the library; a refused (or missing) one by ``env.illegal``."""
-        if state.over:
-            raise ValueError("the game is over: no seat is to move")
         seat = state.game.state.current_player_id
         game = copy.deepcopy(state.game)
         errors = getattr(game.state, "error_count", 0)
@@ -186,19 +170,8 @@ class TextArenaEnv(Env):
         penalty = self.cfg.retry_penalty if refused and not forfeited else 0.0
         return Transition(new, penalty, new.over, new.over and not forfeited, not refused, {"illegal": float(refused)})
 
-    def returns(self, state: ArenaState) -> list[float]:
-        if state.forfeit is not None:
-            return [self.cfg.illegal_reward if p == state.forfeit else self.cfg.illegal_others
-                    for p in range(self.players)]
-        if state.over:
-            rewards = state.game.state.rewards or {}
-            return [float(rewards.get(p, 0.0)) for p in range(self.players)]
-        return [0.0] * self.players
-
-    def score(self, state: ArenaState) -> float:
-        return float(state.over and state.forfeit is None)
-
-    def oracle(self, state: ArenaState) -> str | None:
-        """None: TextArena games have no oracle move (no warm start on them)."""
-        return None
+    def outcome(self, state: ArenaState) -> list[float]:
+        """The library's rewards."""
+        rewards = state.game.state.rewards or {}
+        return [float(rewards.get(p, 0.0)) for p in range(self.players)]
 

@@ -56,7 +56,8 @@ def check_seats(cfg: Any) -> None:
     the game."""
     game = ENVS.get(cfg.env.name)
     if not hasattr(game, "seats"):
-        raise ConfigError(f"workflow=game plays games; env={cfg.env.name} is not one (env=openspiel, env=textarena)")
+        raise ConfigError(f"workflow=game plays games; env={cfg.env.name} is not one (env=openspiel, env=textarena, "
+                          "env=pettingzoo)")
     roles, seats = list(cfg.workflow.roles), game.seats(cfg.env)
     if len(roles) != seats:
         what = cfg.env.get("game") or cfg.env.get("env_id")
@@ -88,7 +89,7 @@ def check_league(cfg: Any) -> None:
 
 @WORKFLOWS.register("game", schema=GameWorkflowConfig, check=check_seats)
 class GameWorkflow(Workflow):
-    """The seats of a game over a game env (``OpenSpielEnv``); the seat to move acts."""
+    """The seats of a game over a game env (``envs/games.py``: ``GameEnv``); the seat to move acts."""
 
     def __init__(self, cfg: Any, env: Any):
         super().__init__(cfg, env)
