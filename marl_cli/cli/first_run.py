@@ -69,6 +69,7 @@ RECIPES = (
     Recipe("envs/dataset_arithmetic", "dataset"),
     Recipe("envs/openenv_guess_number", "openenv"),
     Recipe("envs/verifiers_retry_arithmetic", "verifiers"),
+    Recipe("envs/pettingzoo_leduc_at_grpo", "pettingzoo", "game", "at_grpo", "per_role"),
 )
 """Per task family, its single-agent recipe first (a game's: self-play of one model); then its teams, value methods
 and credit methods. The first

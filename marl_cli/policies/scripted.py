@@ -69,7 +69,8 @@ def empty(workflow: Team, role: str, state: Any) -> str:
 
 
 GAME_BOTS = ("random", "first_legal", "mcts", "minimax")
-"""Players a game env offers (``bot_move``, ``envs/openspiel.py``): a seat of ``workflow=game`` they can fill."""
+"""Players a game env offers (``bot_move``: ``envs/games.py``'s random and first_legal, OpenSpiel's MCTS and minimax):
+a seat of ``workflow=game`` they can fill."""
 
 
 def _game_bot(bot: str) -> Actor:
@@ -135,7 +136,7 @@ def check_scripted(cfg: Any) -> None:
                               f"{', '.join(ACTORS.names())} (a plug-in's? name its module in {PLUGIN_ENV})")
         if actor in GAME_BOTS and cfg.workflow.name != "game":
             raise ConfigError(f"policy.scripted.{role}={actor} plays a game's seat; workflow={cfg.workflow.name} is "
-                              "not a game (use workflow=game env=openspiel)")
+                              "not a game (use workflow=game with env=openspiel or env=pettingzoo)")
     if set(roles) <= set(scripted):
         raise ConfigError(f"policy.scripted scripts every role {roles}: no model is left to act or train "
                           "(leave at least one role to a policy)")

@@ -139,7 +139,7 @@ class Workflow(ABC):
                               f"{', '.join(sorted(fields))}") from exc
 
     def parse(self, text: str) -> str | None:
-        """The answer after the last ``answer_marker`` (an empty marker: the whole reply), or None when there is none."""
+        """The answer after the last ``answer_marker`` (an empty marker: the whole reply); None when there is none."""
         marker = self.cfg.answer_marker
         if not marker:
             return text.strip() or None

@@ -49,7 +49,7 @@ def test_every_group_option_composes(group, option):
         overrides.append("algorithm.norm_group=episode")  # IGPO normalises every turn of a task together
     if (group, option) in (("algorithm", "rae"), ("algorithm", "mars")):
         overrides += ["env=openspiel", "workflow=game"]  # the game estimators score the seats of a game
-    if (group, option) in (("env", "openspiel"), ("env", "textarena")):
+    if (group, option) in (("env", "openspiel"), ("env", "textarena"), ("env", "pettingzoo")):
         overrides.append("workflow=game")  # a game: a role per seat
     adapters = {("env", "dataset"): "env.train.source=examples/datasets/arithmetic.jsonl",
                 ("env", "openenv"): "env.environment=examples/openenv_envs/guess_number.py:GuessNumberEnvironment"}
