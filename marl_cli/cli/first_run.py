@@ -67,8 +67,10 @@ RECIPES = (
     Recipe("toy/selfplay/kuhn_grpo", "openspiel", "game", "grpo"),
     Recipe("toy/selfplay/negotiation_rae", "textarena", "game", "rae"),
     Recipe("envs/dataset_arithmetic", "dataset"),
+    Recipe("envs/reasoning_gym_basic_arithmetic", "reasoning_gym"),
     Recipe("envs/openenv_guess_number", "openenv"),
     Recipe("envs/verifiers_retry_arithmetic", "verifiers"),
+    Recipe("envs/pettingzoo_leduc_selfplay", "pettingzoo", "game"),
     Recipe("envs/pettingzoo_leduc_at_grpo", "pettingzoo", "game", "at_grpo", "per_role"),
 )
 """Per task family, its single-agent recipe first (a game's: self-play of one model); then its teams, value methods
@@ -90,21 +92,29 @@ def picks_in(args: list[str]) -> dict[str, str]:
 
 def recipe_for(command: str, args: list[str]) -> Recipe | None:
     """The recipe ``args`` start from: the first run where it fits them (their env, if they pick one, and a config
-    that checks), else the recipe agreeing with most of their group options (their env's, if they pick one; None
-    for an env without a recipe: the bare group defaults)."""
+    that checks), else the recipe agreeing with most of their group options (their env's, if they pick one) that
+    fits them (with no env picked, the most agreeing one); None (the bare group defaults) for an env without a recipe,
+    or when none fits but the bare defaults do (``env=reasoning_gym env.dataset=maze`` leaves the recipe's arithmetic
+    parameters behind); else the most agreeing one, whose error names it."""
     picks = picks_in(args)
     first = RECIPES[0]
     if picks.get("env", first.env) == first.env and (not picks or fits(command, first, args)):
         return first
-    candidates = [r for r in RECIPES if r.env == picks.get("env", r.env)]
-    return max(candidates, key=lambda r: r.agreement(picks), default=None)  # max keeps the first of equals
+    candidates = sorted((r for r in RECIPES if r.env == picks.get("env", r.env)), key=lambda r: -r.agreement(picks))
+    if "env" not in picks or not candidates:  # sorted keeps the first of equals
+        return candidates[0] if candidates else None
+    fitting = next((r for r in candidates if fits(command, r, args)), None)
+    if fitting is not None or fits(command, None, args):
+        return fitting
+    return candidates[0]
 
 
-def fits(command: str, recipe: Recipe, args: list[str]) -> bool:
-    """Whether ``args`` over ``recipe`` make a config that checks."""
+def fits(command: str, recipe: Recipe | None, args: list[str]) -> bool:
+    """Whether ``args`` over ``recipe`` (None: the bare group defaults) make a config that checks."""
+    start = "~experiment" if recipe is None else f"experiment={recipe.experiment}"
     try:
         register_configs()
-        check_overrides(command, [f"experiment={recipe.experiment}", *overrides_in(args)], config_dirs_in(args))
+        check_overrides(command, [start, *overrides_in(args)], config_dirs_in(args))
     except ConfigError:
         return False
     return True
@@ -121,7 +131,7 @@ def with_default(command: str, args: list[str]) -> tuple[list[str], Callable[[],
     recipe = recipe_for(command, args)
     picked = " ".join(f"{g}={o}" for g, o in picks_in(args).items())
     if recipe is None:
-        announce(command, f"{picked} has no recipe; starting from the bare group defaults (experiment=null)")
+        announce(command, f"{picked}: no recipe fits; starting from the bare group defaults (experiment=null)")
         return ["~experiment", *args], None
     if recipe.experiment != FIRST_RUN:
         announce(command, f"{picked}: starting from experiment={recipe.experiment}, its recipe (name an experiment= "

@@ -24,18 +24,20 @@ def test_commands_and_shells():
 
 
 def test_group_options_without_schemas_and_experiments_folder_by_folder():
-    assert query("marl train env=") == [f"env={e}" for e in ("code", "math", "openspiel", "plan_path", "research",
-                                                              "sokoban", "sudoku", "textarena")]
+    assert query("marl train env=") == [f"env={e}" for e in (
+        "code", "dataset", "math", "openenv", "openspiel", "pettingzoo", "plan_path", "reasoning_gym", "research",
+        "sokoban", "sudoku", "textarena", "verifiers")]
     assert query("marl train rollout=") == ["rollout=hf", "rollout=vllm"]
-    assert query("marl train experiment=") == ["experiment=cory/", "experiment=embedded", "experiment=hetero/",
-                                              "experiment=paper/", "experiment=toy/"]
+    assert query("marl train experiment=") == ["experiment=cory/", "experiment=embedded", "experiment=envs/",
+                                              "experiment=hetero/", "experiment=paper/", "experiment=toy/"]
     assert query("marl train experiment=toy/ta") == ["experiment=toy/table/"]
     assert query("marl eval experiment=toy/table/plan_path_at") == [
         "experiment=toy/table/plan_path_at_grpo_per_role", "experiment=toy/table/plan_path_at_grpo_shared"]
     assert "experiment=paper/at_grpo/" in query("marl train experiment=paper/")
     table = query("marl train experiment=toy/table/")
     assert "experiment=toy/table/sudoku_grpo" in table and "experiment=toy/table/budget" not in table  # a part
-    assert query(f"marl train -cd {EXAMPLE_CONF} env=r") == ["env=research", "env=reverse"]  # the user's config dir
+    user = query(f"marl train -cd {EXAMPLE_CONF} env=re")  # the user's config dir beside marl's
+    assert user == ["env=reasoning_gym", "env=research", "env=reverse"]
 
 
 def test_keys_come_from_hydra_without_schema_names():

@@ -57,5 +57,13 @@ def test_an_env_without_a_recipe_starts_from_the_bare_group_defaults(monkeypatch
     monkeypatch.setattr("marl_cli.cli.first_run.RECIPES", RECIPES[:1])
     assert recipe_for("train", ["env=sudoku"]) is None
     assert with_default("train", ["env=sudoku"])[0] == ["~experiment", "env=sudoku"]
-    assert capsys.readouterr().err == ("marl train: env=sudoku has no recipe; starting from the bare group defaults "
+    assert capsys.readouterr().err == ("marl train: env=sudoku: no recipe fits; starting from the bare group defaults "
                                        "(experiment=null)\n")
+
+
+def test_a_recipe_that_does_not_fit_the_command_line_gives_way_to_the_bare_defaults():
+    """The reasoning-gym recipe's arithmetic parameters would be refused by maze: the bare group defaults fit."""
+    assert recipe_for("train", ["env=reasoning_gym"]).experiment == "envs/reasoning_gym_basic_arithmetic"
+    assert recipe_for("train", ["env=reasoning_gym", "env.dataset=maze", "+env.params.min_dist=3"]) is None
+    assert recipe_for("train", ["env=reasoning_gym", "env.dataset=mazze"]).experiment == \
+        "envs/reasoning_gym_basic_arithmetic"  # nothing fits: the recipe, whose error names it
