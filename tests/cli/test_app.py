@@ -8,7 +8,7 @@ from omegaconf import open_dict
 from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
 from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_app, run_job, split_args
-from marl_cli.cli.first_run import Recipe
+from marl_cli.cli.first_run import Recipe, recipe_for
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs
 from marl_cli.provenance import version
@@ -109,16 +109,21 @@ def test_cfg_job_shows_what_marl_train_runs():
 
 
 def test_a_config_error_the_starting_recipe_causes_says_how_to_opt_out(monkeypatch):
-    # a recipe for sudoku that pins Plan-Path keys (the embedded run): the bare group defaults would check
-    recipes = (Recipe("embedded", "plan_path"), Recipe("embedded", "sudoku"))
-    monkeypatch.setattr("marl_cli.cli.first_run.RECIPES", recipes)
-    out = cli("train", "env=sudoku")
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert out.stderr.startswith("marl train: error: env.block_prob is a setting of env=plan_path, not of env=sudoku")
-    assert out.stderr.rstrip().endswith("(marl train started from experiment=embedded; add experiment=null to start "
-                                        "from the bare group defaults)")
-    typo = cli("train", "env=sudoku", "trainer.steps=x")  # fails without the recipe too: no hint
+    # a first run for sudoku (no env picked: it is used unchecked); a Plan-Path key fails on it, not on the bare
+    # group defaults (Plan-Path)
+    monkeypatch.setattr("marl_cli.cli.first_run.RECIPES", (Recipe("toy/table/sudoku_grpo", "sudoku"),))
+    out = cli("train", "env.block_prob=0.3")
+    error = out.stderr.strip().splitlines()[-1]  # after the line announcing the recipe
+    assert out.returncode == 2 and error.startswith("marl train: error: env.block_prob is a setting of env=plan_path, "
+                                                    "not of env=sudoku")
+    assert error.endswith("(marl train started from experiment=toy/table/sudoku_grpo; add "
+                                        "experiment=null to start from the bare group defaults)")
+    typo = cli("train", "trainer.steps=x")  # fails without the recipe too: no hint
     assert typo.returncode == 2 and "add experiment=null" not in typo.stderr
+    # an env's recipe that does not fit (it pins Plan-Path keys) gives way to the bare defaults, which do
+    pinned = (Recipe("embedded", "plan_path"), Recipe("embedded", "sudoku"))
+    monkeypatch.setattr("marl_cli.cli.first_run.RECIPES", pinned)
+    assert recipe_for("train", ["env=sudoku"]) is None
 
 
 def test_a_resume_continues_in_its_run_dir(monkeypatch):
