@@ -92,10 +92,10 @@ def picks_in(args: list[str]) -> dict[str, str]:
 
 def recipe_for(command: str, args: list[str]) -> Recipe | None:
     """The recipe ``args`` start from: the first run where it fits them (their env, if they pick one, and a config
-    that checks), else the recipe agreeing with most of their group options (their env's, if they pick one) that
-    fits them (with no env picked, the most agreeing one); None (the bare group defaults) for an env without a recipe,
-    or when none fits but the bare defaults do (``env=reasoning_gym env.dataset=maze`` leaves the recipe's arithmetic
-    parameters behind); else the most agreeing one, whose error names it."""
+    that checks); else, when they pick an env, that env's recipe agreeing with most of their group options that fits
+    them, or None (the bare group defaults: an env without a recipe, or ``env=reasoning_gym env.dataset=maze``,
+    which the recipe's arithmetic parameters would break; an error is then about the command line alone); with no
+    env picked, the recipe agreeing with most of their group options."""
     picks = picks_in(args)
     first = RECIPES[0]
     if picks.get("env", first.env) == first.env and (not picks or fits(command, first, args)):
@@ -103,10 +103,7 @@ def recipe_for(command: str, args: list[str]) -> Recipe | None:
     candidates = sorted((r for r in RECIPES if r.env == picks.get("env", r.env)), key=lambda r: -r.agreement(picks))
     if "env" not in picks or not candidates:  # sorted keeps the first of equals
         return candidates[0] if candidates else None
-    fitting = next((r for r in candidates if fits(command, r, args)), None)
-    if fitting is not None or fits(command, None, args):
-        return fitting
-    return candidates[0]
+    return next((r for r in candidates if fits(command, r, args)), None)
 
 
 def fits(command: str, recipe: Recipe | None, args: list[str]) -> bool:
