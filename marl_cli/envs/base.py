@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
@@ -104,3 +104,30 @@ class Env(ABC):
     @abstractmethod
     def oracle(self, state: Any) -> str | None:
         """An optimal action from ``state`` as answer text, or None when there is none."""
+
+
+@dataclass(frozen=True)
+class AnswerState:
+    """A task answered once per action: the latest answer (None before any, or after an unreadable one), the share
+    of the task it got right (the state's score) and the episode so far."""
+
+    task: Any
+    answer: str | None = None
+    score: float = 0.0
+    actions: int = 0
+    done: bool = False
+
+
+def answer_step(state: AnswerState, answer: str | None, share: float | None, cfg: Any, reward: float,
+                info: dict[str, float]) -> Transition:
+    """The transition of ``answer`` scored ``share`` of the task, paid ``reward`` (None: unreadable, a format failure
+    paying ``cfg.format_penalty``). A share of 1 solves the task and ends the episode, as does the
+    ``cfg.actions_per_episode``-th answer."""
+    actions = state.actions + 1
+    last = actions >= cfg.actions_per_episode
+    if share is None:
+        new = replace(state, answer=None, score=0.0, actions=actions, done=last)
+        return Transition(new, cfg.format_penalty, done=last, success=False, format_ok=False, info=info)
+    solved = share == 1.0
+    new = replace(state, answer=answer, score=share, actions=actions, done=solved or last)
+    return Transition(new, reward, done=new.done, success=solved, format_ok=True, info=info)

@@ -36,7 +36,7 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded
-from marl_cli.envs.base import ENVS, WARMSTART_OFFSET, Env, Transition
+from marl_cli.envs.base import ENVS, WARMSTART_OFFSET, AnswerState, Env, Transition, answer_step
 from marl_cli.envs.code import clean_code
 from marl_cli.envs.code_data import PASSED, Problem, Test, normalize, passes, test_program
 from marl_cli.envs.math_problems import answers_match, extract_answer, parse_math
@@ -100,17 +100,6 @@ class DatasetTask:
     answer: str
     tests: tuple[Test, ...] = ()
     function: bool = False
-
-
-@dataclass(frozen=True)
-class DatasetState:
-    """The row, the team's latest answer and how it scored."""
-
-    task: DatasetTask
-    answer: str | None = None
-    score: float = 0.0
-    actions: int = 0
-    done: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,16 +281,16 @@ class DatasetEnv(Env):
     def rules(self) -> str:
         return self.cfg.rules
 
-    def initial_state(self, task: DatasetTask) -> DatasetState:
-        return DatasetState(task=task)
+    def initial_state(self, task: DatasetTask) -> AnswerState:
+        return AnswerState(task=task)
 
-    def observe(self, state: DatasetState) -> str:
+    def observe(self, state: AnswerState) -> str:
         return state.task.prompt
 
-    def oracle(self, state: DatasetState) -> str | None:
+    def oracle(self, state: AnswerState) -> str | None:
         return state.task.answer or None
 
-    def score(self, state: DatasetState) -> float:
+    def score(self, state: AnswerState) -> float:
         return state.score
 
     def answer_of(self, action: str | None) -> str | None:
@@ -337,21 +326,12 @@ class DatasetEnv(Env):
         return sum(passes(problem, normalize(run.stdout), run.ok, test, self.marker)
                    for run, test in zip(runs, task.tests, strict=True)) / len(task.tests)
 
-    def step(self, state: DatasetState, action: str | None) -> Transition:
+    def step(self, state: AnswerState, action: str | None) -> Transition:
         cfg = self.cfg
-        actions = state.actions + 1
-        last = actions >= cfg.actions_per_episode
         answer = self.answer_of(action)
         share = None if answer is None else self.grade(state.task, answer)
-        if share is None:
-            new = replace(state, answer=None, score=0.0, actions=actions, done=last)
-            return Transition(new, cfg.format_penalty, done=last, success=False, format_ok=False,
-                              info={"correct": 0.0})
-        correct = share == 1.0
-        reward = cfg.wrong_reward + share * (cfg.correct_reward - cfg.wrong_reward)
-        new = DatasetState(state.task, answer, share, actions, correct or last)
-        return Transition(new, reward, done=new.done, success=correct, format_ok=True,
-                          info={"correct": float(correct)})
+        reward = 0.0 if share is None else cfg.wrong_reward + share * (cfg.correct_reward - cfg.wrong_reward)
+        return answer_step(state, answer, share, cfg, reward, {"correct": float(share == 1.0)})
 
 
 def exact_text(text: str, flags: int) -> str:

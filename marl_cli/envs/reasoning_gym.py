@@ -27,7 +27,7 @@ import dataclasses
 import difflib
 import json
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -35,7 +35,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded
-from marl_cli.envs.base import ENVS, EVAL_SEED_BASE, Env, Transition
+from marl_cli.envs.base import ENVS, EVAL_SEED_BASE, AnswerState, Env, Transition, answer_step
 from marl_cli.envs.math_data import held_out
 from marl_cli.envs.textarena import own_random
 
@@ -213,17 +213,6 @@ def check_reasoning_gym(cfg: Any) -> None:
     env.task("eval", 0)
 
 
-@dataclass(frozen=True)
-class ReasoningState:
-    """The task, the latest answer (None before any, or after no answer) and its score, and the episode so far."""
-
-    task: ReasoningTask
-    answer: str | None = None
-    score: float = 0.0
-    actions: int = 0
-    done: bool = False
-
-
 @ENVS.register("reasoning_gym", schema=ReasoningGymConfig, check=check_reasoning_gym)
 class ReasoningGymEnv(Env):
     """A reasoning-gym dataset: its questions, scored by its own ``score_answer``; the oracle is its gold answer."""
@@ -239,10 +228,10 @@ class ReasoningGymEnv(Env):
     def rules(self) -> str:
         return self.cfg.rules
 
-    def initial_state(self, task: ReasoningTask) -> ReasoningState:
-        return ReasoningState(task=task)
+    def initial_state(self, task: ReasoningTask) -> AnswerState:
+        return AnswerState(task=task)
 
-    def observe(self, state: ReasoningState) -> str:
+    def observe(self, state: AnswerState) -> str:
         question = state.task.question.strip()
         if state.answer is None:
             return question
@@ -255,23 +244,15 @@ class ReasoningGymEnv(Env):
         except Exception:  # a scorer that cannot read the answer: a format failure, never a crash
             return None
 
-    def step(self, state: ReasoningState, action: str | None) -> Transition:
-        actions = state.actions + 1
-        last = actions >= self.cfg.actions_per_episode
+    def step(self, state: AnswerState, action: str | None) -> Transition:
         score = None if action is None else self.library_score(action, state.task)
-        if score is None:
-            new = replace(state, answer=None, score=0.0, actions=actions, done=last)
-            return Transition(new, self.cfg.format_penalty, done=last, success=False, format_ok=False,
-                              info={"library_score": 0.0, "solved": 0.0})
-        solved = score == 1.0
-        new = ReasoningState(state.task, action, score, actions, solved or last)
-        return Transition(new, score, done=new.done, success=solved, format_ok=True,
-                          info={"library_score": score, "solved": float(solved)})
+        info = {"library_score": score or 0.0, "solved": float(score == 1.0)}
+        return answer_step(state, action, score, self.cfg, score or 0.0, info)
 
-    def score(self, state: ReasoningState) -> float:
+    def score(self, state: AnswerState) -> float:
         return state.score
 
-    def oracle(self, state: ReasoningState) -> str | None:
+    def oracle(self, state: AnswerState) -> str | None:
         gold = state.task.entry.get("answer")
         gold = gold.strip() if isinstance(gold, str) else ""
         return gold if gold and self.library_score(gold, state.task) == 1.0 else None
