@@ -248,8 +248,8 @@ class LocalBackend(Backend):
     """The Environment class in this process: every state holds its own copy of the library's Environment."""
 
     def __init__(self, cfg: Any):
+        self.cls = load(cfg.environment, "env.environment")  # first: a wrong path fails before seconds of imports
         self.lib = lib = library()
-        self.cls = load(cfg.environment, "env.environment")
         where = f"env.environment={cfg.environment}"
         if not (isinstance(self.cls, type) and issubclass(self.cls, lib.Environment)):
             raise ConfigError(f"{where} is not an OpenEnv Environment (a subclass of "
@@ -354,8 +354,11 @@ class RemoteBackend(Backend):
             if "VALIDATION_ERROR" in str(exc):
                 raise Refused from None
             client.close()
+            # at capacity the server sends CAPACITY_REACHED and hangs up as the session opens; the client may see
+            # only the hang-up (its reset is sent after the close), so a hang-up with other sessions open reads alike
+            hung_up = type(exc).__name__.startswith("ConnectionClosed") and bool(self.live)
             hint = ("; serve it with max_concurrent_envs >= env.sessions (for every process of the run)"
-                    if "CAPACITY_REACHED" in str(exc) else "")
+                    if "CAPACITY_REACHED" in str(exc) or hung_up else "")
             raise ConfigError(f"env.base_url={self.url}: {method} failed ({one_line(exc)}){hint}") from None
         return Result(dict(reply.observation), 0.0 if reply.reward is None else float(reply.reward),
                       bool(reply.done))
