@@ -25,6 +25,7 @@ from marl_cli.core.samples import Sample
 from marl_cli.policies.scripted import is_scripted, policy_name
 from marl_cli.rollout.engine import Rollout, RolloutResult, rollout_metrics
 from marl_cli.rollout.induced import induced_nash_conv
+from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.console import draws_bars
 from marl_cli.tracking.tracker import Tracker, write_json
 from marl_cli.training.build import Run, build_run
@@ -132,23 +133,26 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     summary["policies"] = {n: p.roles for n, p in policies.items()}
     write_json(run_dir / "summary.json", summary)
 
-    def measured() -> dict[str, float]:
-        metrics = evaluate(run, "eval", cfg.eval.samples, pass_k)
+    def measured(tracker: Tracker) -> dict[str, float]:
+        rows: list[Sample] = []
+        metrics = evaluate(run, "eval", cfg.eval.samples, pass_k, rows)
         shown = ", ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in
                           ["eval/success", *(f"eval/pass@{k}" for k in pass_k)])
         log.info("eval on %d %s tasks (%s): %s", cfg.env.eval_size, cfg.env.name, cfg.workflow.name, shown)
+        tracker.log_samples(0, completion_records(rows, run.tokenizers(), 0, "eval", cfg.env.eval_size), "eval/samples")
         return metrics
 
     return recorded(cfg, run_dir, summary, measured)
 
 
 def recorded(cfg: DictConfig, run_dir: Path, summary: dict[str, Any],
-             measure: Callable[[], dict[str, float]]) -> dict[str, Any]:
-    """``measure``'s metrics logged and added to ``summary`` (status completed, or failed with the error), which is
-    written to ``summary.json`` whatever happens; the summary."""
+             measure: Callable[[Tracker], dict[str, float]]) -> dict[str, Any]:
+    """``measure``'s metrics (it may also log completions to the tracker it is given) logged and added to ``summary``
+    (status completed, or failed with the error), which is written to ``summary.json`` whatever happens; the
+    summary."""
     tracker = Tracker(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), "eval")
     try:
-        metrics = measure()
+        metrics = measure(tracker)
         tracker.log(0, metrics)
         summary.update(metrics, status="completed")
     except Exception as exc:
@@ -169,4 +173,4 @@ def run_league(cfg: DictConfig, run_dir: Path, summary: dict[str, Any]) -> dict[
         return [ep.state for ep in play_tasks(run, run.rollout.evaluation(), tasks, 1, "league").episodes]
 
     summary["league"] = list(cfg.eval.league)
-    return recorded(cfg, run_dir, summary, lambda: play_league(cfg, run_dir, play))
+    return recorded(cfg, run_dir, summary, lambda _: play_league(cfg, run_dir, play))

@@ -3,6 +3,7 @@ the library's own ``score_answer`` on thousands of (prompt, answer) pairs of eig
 malformed; splits never share a question even where the generator repeats one; a mixture goes through the library's
 composite; bad datasets and parameters are refused in one line; a tiny run trains and evaluates."""
 
+import json
 import random
 import sys
 import time
@@ -187,6 +188,10 @@ def test_a_reasoning_gym_run_trains_and_evaluates_and_marl_eval_loads_it(tmp_pat
     evaluated = cli("eval", *SETUP, "workflow=single_agent", f"load={tmp_path / 'run'}",
                     f"hydra.run.dir={tmp_path / 'eval'}")
     assert evaluated.returncode == 0, evaluated.stderr
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()]
+    result = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert sorted(r["task"] for r in rows) == list(range(int(result["eval/tasks"])))  # every task's answer, to read
+    assert sum(r["success"] for r in rows) / len(rows) == result["eval/success"]
 
 
 def test_a_team_of_two_trains_on_reasoning_gym(tmp_path):
