@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import json
 import random
+import typing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -111,6 +113,32 @@ def plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
 
 
+def as_typed(hint: Any, value: Any) -> Any:
+    """``value`` with every string the field type ``hint`` wants as an enum member turned into that member (by value,
+    else by name; a ValueError naming the choices otherwise); other values as they are."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum) and isinstance(value, str):
+        members = {str(m.value): m for m in hint} | {m.name.lower(): m for m in hint}
+        if value.lower() not in members and value not in members:
+            raise ValueError(f"{value!r} is not a {hint.__name__}; choose from {', '.join(str(m.value) for m in hint)}")
+        return members.get(value, members.get(value.lower()))
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (list, tuple) and args and isinstance(value, list):
+        return [as_typed(args[0], v) for v in value]
+    return value
+
+
+def typed(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` of dataset ``name`` as its config class takes them: YAML writes an enum field (aiw's
+    ``task_types: [siblings]``) as strings, the library wants its enum members."""
+    from reasoning_gym.factory import DATASETS
+
+    try:
+        hints = typing.get_type_hints(DATASETS[name][1])
+    except Exception:  # an annotation that does not resolve: the params go as written
+        hints = {}
+    return {key: as_typed(hints.get(key), value) for key, value in params.items()}
+
+
 def check_part(name: str, params: dict[str, Any], where: str) -> None:
     """The dataset ``name`` exists and its config takes ``params`` (its fields, its ``validate``); ``where`` is the
     config node naming them (``env``, ``env.datasets[1]``)."""
@@ -133,7 +161,7 @@ def check_part(name: str, params: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}.params.{key}: reasoning-gym's {name} has no such field" +
                               (f"; similar: {', '.join(near)}" if near else f"; fields: {', '.join(fields)}"))
     try:
-        config = config_class(**params)
+        config = config_class(**typed(name, params))
         if hasattr(config, "validate"):
             config.validate()
     except Exception as exc:  # the library's validate raises AssertionError, ValueError or TypeError
@@ -168,8 +196,8 @@ def build(spec: Spec, seed: int) -> Any:
 
     if not spec.mixture:
         name, _, params = spec.parts[0]
-        return reasoning_gym.create_dataset(name, seed=seed, size=1, **json.loads(params))
-    parts = [DatasetSpec(name, weight, json.loads(params)) for name, weight, params in spec.parts]
+        return reasoning_gym.create_dataset(name, seed=seed, size=1, **typed(name, json.loads(params)))
+    parts = [DatasetSpec(name, weight, typed(name, json.loads(params))) for name, weight, params in spec.parts]
     return CompositeDataset(CompositeConfig(size=1, seed=seed, datasets=parts))
 
 

@@ -145,6 +145,24 @@ def test_a_mixture_draws_each_dataset_by_weight_and_scores_it_with_the_librarys_
             assert env.step(state, answer).reward == composite.score_answer(answer, entry)
 
 
+def test_an_enum_parameter_is_written_as_its_value_or_name():
+    """YAML cannot write the library's enum members: aiw's ``task_types: [siblings]`` (or ``FRIENDS``) reach its
+    config as ``TaskType`` members, alone or in a mixture, and every task is the library's entry for its seed."""
+    from reasoning_gym.logic.aiw import TaskType
+
+    params = {"task_types": ["siblings", "FRIENDS"], "task_type_weights": [0.5, 0.5], "max_entities": 4}
+    env = env_of("aiw", params=params)
+    mixed = env_of(datasets=[{"name": "aiw", "params": params}, {"name": "gcd"}])
+    library = {**params, "task_types": [TaskType.SIBLINGS, TaskType.FRIENDS]}
+    kinds = set()
+    for seed in range(40):
+        task = env.task("train", seed)
+        assert task.entry == reasoning_gym.create_dataset("aiw", seed=task.seed, size=1, **library)[0]
+        kinds.add(task.entry["metadata"]["task_type"])
+        mixed.task("train", seed)
+    assert kinds == {"siblings", "friends"}
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["env.dataset=maz"], "env.dataset=maz: no such reasoning-gym dataset; similar: maze"),
     (["env.dataset=composite"], "env.dataset=composite: no such reasoning-gym dataset (a mixture is env.datasets)"),
@@ -162,6 +180,8 @@ def test_a_mixture_draws_each_dataset_by_weight_and_scores_it_with_the_librarys_
      "env.datasets[1].name=gdc: no such reasoning-gym dataset; similar: gcd"),
     (["env.datasets=[{name:maze},{name:gcd,params:{foo:1}}]"], "env.datasets[1].params.foo: reasoning-gym's gcd has"),
     (["env.datasets=[{name:maze,weight:0}]"], "env.datasets[0].weight must be positive"),
+    (["env.dataset=aiw", "+env.params.task_types=[sibling]", "+env.params.task_type_weights=[1.0]"],
+     "reasoning-gym's aiw refuses them ('sibling' is not a TaskType; choose from siblings, friends, colleagues)"),
 ])
 def test_bad_datasets_and_parameters_fail_in_one_line(overrides, message):
     assert message in refusal(["env=reasoning_gym", "workflow=single_agent", *overrides])
