@@ -81,6 +81,24 @@ LOADS_A_RUN = ("trainer.resume", "load")
 """Overrides that continue or evaluate an earlier run: the run's own overrides apply unless given again."""
 
 
+def quoted_paths(args: list[str]) -> list[str]:
+    """``args`` with each ``load=`` / ``trainer.resume=`` path that holds ``=`` (a sweep's job dirs:
+    ``multirun/x/seed=1``) quoted, as Hydra's override grammar needs; each path of a sweep's list (``a,b``) alone."""
+    quoted = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in LOADS_A_RUN and "=" in value:
+            arg = f"{key}=" + ",".join(f"'{part}'" if "=" in part and part[:1] not in "'\"" else part
+                                       for part in value.split(","))
+        quoted.append(arg)
+    return quoted
+
+
+def unquoted(value: str) -> str:
+    """An override's value without the quotes Hydra's grammar strips (``'a/seed=1'`` is ``a/seed=1``)."""
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
+
+
 def inherited_overrides(args: list[str]) -> list[str]:
     """The overrides an earlier run was started with (its ``.hydra/overrides.yaml``) when ``args`` resume
     (``trainer.resume=<run>``) or evaluate (``load=<run or checkpoint>``) it, but those ``args`` set again,
@@ -90,7 +108,7 @@ def inherited_overrides(args: list[str]) -> list[str]:
         key, _, value = override.partition("=")
         if key.lstrip("+") not in LOADS_A_RUN or not value:
             continue
-        path = Path(value).expanduser()
+        path = Path(unquoted(value)).expanduser()
         run = path.parents[1] if path.parent.name == "checkpoints" else path
         saved = run / ".hydra" / "overrides.yaml"
         if not saved.exists():
@@ -114,7 +132,7 @@ def run_app(command: str, config_name: str, hydra_main: Callable[[], object], ar
     """Check ``args``' overrides against the schemas, then run ``hydra_main`` with them as ``sys.argv``;
     ``hint()`` ends the message of a config that does not check. ``experiment=null`` (no experiment) becomes
     Hydra 1.3's ``~experiment``, which deletes the defaults-list entry."""
-    args = ["~experiment" if arg == NO_EXPERIMENT else arg for arg in args]
+    args = quoted_paths(["~experiment" if arg == NO_EXPERIMENT else arg for arg in args])
     install = [a.split("=", 1)[1] for a in args if a.startswith("install=")]
     if COMPLETION_FLAGS.intersection(args) and install:
         from marl_cli.cli.completion import run

@@ -7,7 +7,8 @@ from omegaconf import open_dict
 
 from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
-from marl_cli.cli.app import config_dirs_in, overrides_in, remove_if_empty, run_app, run_job, split_args
+from marl_cli.cli.app import (config_dirs_in, inherited_overrides, overrides_in, quoted_paths, remove_if_empty, run_app,
+                              run_job, split_args)
 from marl_cli.cli.first_run import Recipe, recipe_for
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs
@@ -96,6 +97,21 @@ def test_marl_eval_starts_from_the_first_run_unless_it_loads_a_run(monkeypatch):
     for args in (["load=/runs/a"], ["experiment=null"], ["experiment=toy/plan_path_grpo"]):
         eval_cli.run(args)  # a loaded run keeps its own experiment (run_app adds its saved overrides)
         assert started[-1] == args
+
+
+def test_a_sweep_job_dir_loads_with_its_own_overrides_quoted_or_not(tmp_path):
+    """A sweep's job dirs hold ``=`` (``seed=1``), which Hydra's grammar refuses unquoted: marl quotes such paths, and
+    reads the run's own overrides through the quotes (before, a quoted path silently evaluated the default config)."""
+    job = tmp_path / "multirun" / "experiment=toy_plan_path_grpo" / "seed=1"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- experiment=toy/plan_path_grpo\n- seed=1\n")
+    assert quoted_paths([f"load={job}", f"trainer.resume={job},{tmp_path}", "seed=2"]) == [
+        f"load='{job}'", f"trainer.resume='{job}',{tmp_path}", "seed=2"]
+    for given in (f"load={job}", f"load='{job}'", f'load="{job}/checkpoints/step_000003"'):
+        assert inherited_overrides(quoted_paths([given, "seed=2"])) == ["experiment=toy/plan_path_grpo"]
+    evaluated = cli("eval", f"load={job}", "--cfg", "job")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "name: toy_plan_path_grpo" in evaluated.stdout and "seed: 1" in evaluated.stdout
 
 
 def test_cfg_job_shows_what_marl_train_runs():
