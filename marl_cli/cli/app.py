@@ -82,14 +82,15 @@ LOADS_A_RUN = ("trainer.resume", "load")
 
 
 def quoted_paths(args: list[str]) -> list[str]:
-    """``args`` with each ``load=`` / ``trainer.resume=`` path that holds ``=`` (a sweep's job dirs:
-    ``multirun/x/seed=1``) quoted, as Hydra's override grammar needs; each path of a sweep's list (``a,b``) alone."""
+    """``args`` with each ``load=`` / ``trainer.resume=`` path that holds ``=`` or ``,`` (a sweep's job dirs:
+    ``multirun/x/seed=1``, ``multirun/y/experiment=a,trainer.learning_rate=0.1/seed=0``) quoted, as Hydra's override
+    grammar needs; a value that is no existing path is a sweep's list (``a,b``), each path of it quoted alone."""
     quoted = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+") in LOADS_A_RUN and "=" in value:
-            arg = f"{key}=" + ",".join(f"'{part}'" if "=" in part and part[:1] not in "'\"" else part
-                                       for part in value.split(","))
+        if sep and key.lstrip("+") in LOADS_A_RUN and ("=" in value or "," in value) and value[:1] not in "'\"":
+            parts = [value] if Path(value).expanduser().exists() else value.split(",")
+            arg = f"{key}=" + ",".join(f"'{part}'" if "=" in part or "," in part else part for part in parts)
         quoted.append(arg)
     return quoted
 

@@ -102,11 +102,12 @@ def test_marl_eval_starts_from_the_first_run_unless_it_loads_a_run(monkeypatch):
 def test_a_sweep_job_dir_loads_with_its_own_overrides_quoted_or_not(tmp_path):
     """A sweep's job dirs hold ``=`` (``seed=1``), which Hydra's grammar refuses unquoted: marl quotes such paths, and
     reads the run's own overrides through the quotes (before, a quoted path silently evaluated the default config)."""
-    job = tmp_path / "multirun" / "experiment=toy_plan_path_grpo" / "seed=1"
+    job = tmp_path / "multirun" / "experiment=toy_plan_path_grpo,trainer.steps=3" / "seed=1"  # two swept keys
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("- experiment=toy/plan_path_grpo\n- seed=1\n")
-    assert quoted_paths([f"load={job}", f"trainer.resume={job},{tmp_path}", "seed=2"]) == [
-        f"load='{job}'", f"trainer.resume='{job}',{tmp_path}", "seed=2"]
+    other = tmp_path / "seed=2"
+    assert quoted_paths([f"load={job}", f"trainer.resume={other},{tmp_path}", "seed=2"]) == [
+        f"load='{job}'", f"trainer.resume='{other}',{tmp_path}", "seed=2"]  # a path, or a sweep's list of them
     for given in (f"load={job}", f"load='{job}'", f'load="{job}/checkpoints/step_000003"'):
         assert inherited_overrides(quoted_paths([given, "seed=2"])) == ["experiment=toy/plan_path_grpo"]
     evaluated = cli("eval", f"load={job}", "--cfg", "job")
