@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
+# pytest-xdist workers for make test (each takes whole test files, so a file's shared fixtures are built once)
+TEST_JOBS ?= 2
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -47,7 +49,7 @@ train: system-train $(STAMP)
 	$(BIN)/marl train experiment=embedded $(ARGS)
 
 test: system-test $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-all: system-test $(STAMP)
 	$(BIN)/pytest -q -m "slow or not slow"
