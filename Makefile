@@ -6,8 +6,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
-# pytest-xdist workers for make test (each takes whole test files, so a file's shared fixtures are built once)
-TEST_JOBS ?= 2
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -49,7 +47,7 @@ train: system-train $(STAMP)
 	$(BIN)/marl train experiment=embedded $(ARGS)
 
 test: system-test $(STAMP)
-	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/pytest -q
 
 test-all: system-test $(STAMP)
 	$(BIN)/pytest -q -m "slow or not slow"
