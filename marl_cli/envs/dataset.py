@@ -40,7 +40,7 @@ from marl_cli.envs.base import ENVS, WARMSTART_OFFSET, AnswerState, Env, Transit
 from marl_cli.envs.code import clean_code
 from marl_cli.envs.code_data import PASSED, Problem, Test, normalize, passes, test_program
 from marl_cli.envs.math_problems import answers_match, extract_answer, parse_math
-from marl_cli.envs.sources import cell_text, field_value, iter_rows, pick_field, read_source
+from marl_cli.envs.sources import cell_text, field_value, iter_rows, local_columns, pick_field, read_source
 
 log = logging.getLogger(__name__)
 PROMPT_FIELDS = ("prompt", "question", "problem", "input", "text")
@@ -236,8 +236,9 @@ def check_dataset(cfg: Any) -> None:
     for split in ("train", "eval"):
         src = getattr(env, split)
         if str(src.source).strip():
-            data = read_source(str(src.source), src.subset, src.split or "train", f"env.{split}")
-            column_map(env, list(data.column_names), f"env.{split} ({src.source})")
+            columns = local_columns(str(src.source)) or list(
+                read_source(str(src.source), src.subset, src.split or "train", f"env.{split}").column_names)
+            column_map(env, columns, f"env.{split} ({src.source})")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,8 +8,11 @@ dropped, and a source left with no usable row is a one-line ``ConfigError``.
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,22 +72,51 @@ def cell_text(value: Any) -> str:
 
 def read_source(source: str, subset: str, split: str, where: str, key: str = "source") -> Any:
     """The ``datasets.Dataset`` of a local file or a hub dataset; a one-line ConfigError naming ``<where>.<key>``
-    when it cannot load."""
-    from datasets import load_dataset
-
+    when it cannot load. A missing local file fails before ``datasets`` is imported (a second of imports); a source
+    read once is not read again in this process (the config check and the env read the same data)."""
     local = Path(source).expanduser()
     builder = FILE_BUILDERS.get(local.suffix.lower())
+    if builder and not local.is_file():
+        raise ConfigError(f"{where}.{key}={source!r}: no such file")
     try:
         if builder:
-            if not local.is_file():
-                raise ConfigError(f"{where}.{key}={source!r}: no such file")
-            return load_dataset(builder, data_files=str(local.resolve()), split="train")
-        return load_dataset(source, subset or None, split=split)
-    except ConfigError:
-        raise
+            stat = local.stat()
+            return loaded(builder, str(local.resolve()), "", "train", stat.st_mtime_ns, stat.st_size)
+        return loaded("", source, subset, split)
     except Exception as exc:  # network, gated or missing dataset, bad split or config, unreadable file
         detail = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise ConfigError(f"{where}.{key}={source!r} could not be loaded (split {split!r}: {detail})") from exc
+
+
+def local_columns(source: str) -> list[str] | None:
+    """The columns of a local JSON Lines, JSON (a list of rows) or CSV file, read without ``datasets`` (a second of
+    imports): every JSON row's keys, the CSV header; None for anything else, or a file that does not parse so
+    (``read_source`` then says what is wrong)."""
+    local = Path(source).expanduser()
+    suffix = local.suffix.lower()
+    if suffix not in (".jsonl", ".json", ".csv") or not local.is_file():
+        return None
+    try:
+        with local.open(newline="" if suffix == ".csv" else None, encoding="utf-8") as f:
+            if suffix == ".csv":
+                return next(csv.reader(f), None)
+            rows = [json.loads(line) for line in f if line.strip()] if suffix == ".jsonl" else json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):
+        return None
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
+@lru_cache(maxsize=16)
+def loaded(builder: str, source: str, subset: str, split: str, mtime_ns: int = 0, size: int = 0) -> Any:
+    """``datasets.load_dataset`` of a local file by its ``builder`` (keyed by its modification time and size too, so a
+    file changed in between is read again) or of a hub dataset."""
+    from datasets import load_dataset
+
+    if builder:
+        return load_dataset(builder, data_files=source, split=split)
+    return load_dataset(source, subset or None, split=split)
 
 
 def pick_field(given: str, default: str, candidates: tuple[str, ...], columns: list[str], where: str,

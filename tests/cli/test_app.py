@@ -7,8 +7,16 @@ from omegaconf import open_dict
 
 from marl_cli.cli import eval as eval_cli
 from marl_cli.cli import train as train_cli
-from marl_cli.cli.app import (config_dirs_in, inherited_overrides, overrides_in, quoted_paths, remove_if_empty, run_app,
-                              run_job, split_args)
+from marl_cli.cli.app import (
+    config_dirs_in,
+    inherited_overrides,
+    overrides_in,
+    quoted_paths,
+    remove_if_empty,
+    run_app,
+    run_job,
+    split_args,
+)
 from marl_cli.cli.first_run import Recipe, recipe_for
 from marl_cli.config.paths import config_dir
 from marl_cli.plugins import register_configs

@@ -118,6 +118,32 @@ def test_unusable_rows_are_skipped_and_counted(tmp_path, caplog):
     assert "skipped 2 rows (no answer: 1, no prompt: 1)" in caplog.text
 
 
+def test_a_local_files_columns_are_what_datasets_reads_and_a_source_loads_once(tmp_path):
+    """The config check reads a local file's columns without ``datasets`` (a second of imports less on a refused
+    start): the same columns ``datasets`` gives, or None (then ``datasets`` reads it and says what is wrong)."""
+    from datasets import load_dataset
+
+    from marl_cli.config.errors import ConfigError
+    from marl_cli.envs.sources import local_columns, read_source
+
+    rows = [{"q": "1+1", "a": 2}, {"q": "2+2", "a": 4, "note": "x"}]
+    files = {"rows.jsonl": "\n".join(json.dumps(r) for r in rows) + "\n\n", "rows.json": json.dumps(rows),
+             "rows.csv": "q,a,note\n1+1,2,\n2+2,4,x\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        builder = "csv" if name.endswith(".csv") else "json"
+        expected = load_dataset(builder, data_files=str(tmp_path / name), split="train").column_names
+        assert local_columns(str(tmp_path / name)) == expected == ["q", "a", "note"]
+    (tmp_path / "broken.jsonl").write_text('{"q": 1}\n{"q": \n')
+    assert local_columns(str(tmp_path / "broken.jsonl")) is None and local_columns("openai/gsm8k") is None
+    with pytest.raises(ConfigError, match="broken.jsonl' could not be loaded"):
+        read_source(str(tmp_path / "broken.jsonl"), "", "train", "env.train")
+    first = read_source(str(tmp_path / "rows.jsonl"), "", "train", "env.train")
+    assert read_source(str(tmp_path / "rows.jsonl"), "", "train", "env.train") is first  # the check's read, reused
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"q": "3+3", "a": 6}) + "\n")
+    assert read_source(str(tmp_path / "rows.jsonl"), "", "train", "env.train")["q"] == ["3+3"]  # changed: read again
+
+
 def test_tests_cells_read_as_asserts_or_stdin_pairs():
     assert parse_tests(["assert f(1) == 2", " "]) == ((("assert f(1) == 2", "__marl_checks_passed__"),), True)
     assert parse_tests('[{"input": "1\\n", "output": "2\\n"}]') == ((("1\n", "2\n"),), False)
