@@ -1,10 +1,16 @@
-"""The environment interface every task family implements, and the seed rule for its splits."""
+"""The environment interface every task family implements, the seed rule for its splits, and what the adapters of
+outside libraries share (their settings as plain Python, the library's use of Python's global generator undone)."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
@@ -131,3 +137,18 @@ def answer_step(state: AnswerState, answer: str | None, share: float | None, cfg
     solved = share == 1.0
     new = replace(state, answer=answer, score=share, actions=actions, done=solved or last)
     return Transition(new, reward, done=new.done, success=solved, format_ok=True, info=info)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain Python (an OmegaConf node becomes dicts and lists)."""
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
+
+
+@contextlib.contextmanager
+def own_random() -> Iterator[None]:
+    """Python's global generator as it was before a library reseeded or drew from it."""
+    saved = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(saved)

@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded
-from marl_cli.envs.base import ENVS, EVAL_SEED_BASE, AnswerState, Env, Transition, answer_step
+from marl_cli.envs.base import ENVS, EVAL_SEED_BASE, AnswerState, Env, Transition, answer_step, own_random, plain
 from marl_cli.envs.math_data import held_out
-from marl_cli.envs.textarena import own_random
 
 INSTALL = "pip install 'marl[reasoning_gym]'"
 RESERVED = ("seed", "size")
@@ -106,11 +105,6 @@ def library() -> Any:
     except ImportError:
         raise ConfigError(f"env=reasoning_gym needs reasoning-gym: {INSTALL}") from None
     return reasoning_gym
-
-
-def plain(value: Any) -> Any:
-    """``value`` as plain Python (an OmegaConf node becomes dicts and lists)."""
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
 
 
 def as_typed(hint: Any, value: Any) -> Any:

@@ -17,17 +17,14 @@ TextArena is an optional dependency (``pip install 'marl[games]'``), imported on
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import difflib
-import random
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded
-from marl_cli.envs.base import ENVS, Transition
+from marl_cli.envs.base import ENVS, Transition, own_random
 from marl_cli.envs.games import GameEnv, IllegalRule, require_game_workflow
 from marl_cli.envs.openspiel import INSTALL
 
@@ -44,16 +41,6 @@ class TextArenaConfig(EnvConfig):
     illegal_others: float = 0.5  # illegal=lose: every other seat's return
     retry_penalty: float = bounded(-0.1, le=0.0)  # illegal=retry: added to the reward of the refused move's row
     max_retries: int = bounded(3, ge=0)  # illegal=retry: refused moves in a row before the offender loses
-
-
-@contextlib.contextmanager
-def own_random() -> Iterator[None]:
-    """Python's global generator as it was before the library reseeded or drew from it."""
-    saved = random.getstate()
-    try:
-        yield
-    finally:
-        random.setstate(saved)
 
 
 def make_game(cfg: Any) -> Any:

@@ -68,11 +68,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import EnvConfig, bounded, choices
-from marl_cli.envs.base import ENVS, WARMSTART_OFFSET, Env, Transition
+from marl_cli.envs.base import ENVS, WARMSTART_OFFSET, Env, Transition, plain
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install 'marl[verifiers]'"
@@ -102,11 +100,6 @@ class VerifiersConfig(EnvConfig):
     success_reward: float | None = None  # solved: a rubric reward of at least this; None: the env's pass_threshold
     reward_range: list[float] = field(default_factory=list)  # [lo, hi]: rubric rewards scored 0 and 1; []: its weights
     format_penalty: float = bounded(-1.0, le=0.0)  # no answer after the marker: the episode ends with this reward
-
-
-def plain(value: Any) -> Any:
-    """``value`` as plain Python (an OmegaConf node becomes dicts and lists)."""
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
 
 
 def one_line(exc: BaseException) -> str:
