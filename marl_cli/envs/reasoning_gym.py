@@ -30,7 +30,7 @@ import json
 import random
 import typing
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from omegaconf import MISSING
@@ -112,24 +112,31 @@ def as_typed(hint: Any, value: Any) -> Any:
     else by name; a ValueError naming the choices otherwise); other values as they are."""
     if isinstance(hint, type) and issubclass(hint, enum.Enum) and isinstance(value, str):
         members = {str(m.value): m for m in hint} | {m.name.lower(): m for m in hint}
-        if value.lower() not in members and value not in members:
+        member = members.get(value, members.get(value.lower()))
+        if member is None:
             raise ValueError(f"{value!r} is not a {hint.__name__}; choose from {', '.join(str(m.value) for m in hint)}")
-        return members.get(value, members.get(value.lower()))
+        return member
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (list, tuple) and args and isinstance(value, list):
         return [as_typed(args[0], v) for v in value]
     return value
 
 
-def typed(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` of dataset ``name`` as its config class takes them: YAML writes an enum field (aiw's
-    ``task_types: [siblings]``) as strings, the library wants its enum members."""
+@cache
+def field_types(name: str) -> dict[str, Any]:
+    """The field types of dataset ``name``'s config class, resolved once (every task's generation needs them)."""
     from reasoning_gym.factory import DATASETS
 
     try:
-        hints = typing.get_type_hints(DATASETS[name][1])
+        return typing.get_type_hints(DATASETS[name][1])
     except Exception:  # an annotation that does not resolve: the params go as written
-        hints = {}
+        return {}
+
+
+def typed(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` of dataset ``name`` as its config class takes them: YAML writes an enum field (aiw's
+    ``task_types: [siblings]``) as strings, the library wants its enum members."""
+    hints = field_types(name)
     return {key: as_typed(hints.get(key), value) for key, value in params.items()}
 
 
