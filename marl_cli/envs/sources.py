@@ -21,6 +21,8 @@ from marl_cli.config.errors import ConfigError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+LOCAL_COLUMNS_MAX_BYTES = 16 << 20
+"""Local files up to this size have their columns read without ``datasets`` (``local_columns``)."""
 
 
 def is_embedded(cfg: Any) -> bool:
@@ -89,17 +91,21 @@ def read_source(source: str, subset: str, split: str, where: str, key: str = "so
 
 
 def local_columns(source: str) -> list[str] | None:
-    """The columns of a local JSON Lines, JSON (a list of rows) or CSV file, read without ``datasets`` (a second of
-    imports): every JSON row's keys, the CSV header; None for anything else, or a file that does not parse so
-    (``read_source`` then says what is wrong)."""
+    """The columns of a small local JSON Lines, JSON (a list of rows) or CSV file, read without ``datasets`` (a second
+    of imports): every JSON row's keys, the CSV header; None for anything else — a file over
+    ``LOCAL_COLUMNS_MAX_BYTES`` (``datasets`` reads it faster, once, for the env too), a CSV header pandas would rename
+    (repeated or empty names), a file that does not parse so (``read_source`` then says what is wrong)."""
     local = Path(source).expanduser()
     suffix = local.suffix.lower()
     if suffix not in (".jsonl", ".json", ".csv") or not local.is_file():
         return None
+    if local.stat().st_size > LOCAL_COLUMNS_MAX_BYTES:
+        return None
     try:
         with local.open(newline="" if suffix == ".csv" else None, encoding="utf-8") as f:
             if suffix == ".csv":
-                return next(csv.reader(f), None)
+                header = next(csv.reader(f), None)
+                return header if header and all(header) and len(set(header)) == len(header) else None
             rows = [json.loads(line) for line in f if line.strip()] if suffix == ".jsonl" else json.load(f)
     except (ValueError, UnicodeDecodeError):
         return None

@@ -118,7 +118,7 @@ def test_unusable_rows_are_skipped_and_counted(tmp_path, caplog):
     assert "skipped 2 rows (no answer: 1, no prompt: 1)" in caplog.text
 
 
-def test_a_local_files_columns_are_what_datasets_reads_and_a_source_loads_once(tmp_path):
+def test_a_local_files_columns_are_what_datasets_reads_and_a_source_loads_once(tmp_path, monkeypatch):
     """The config check reads a local file's columns without ``datasets`` (a second of imports less on a refused
     start): the same columns ``datasets`` gives, or None (then ``datasets`` reads it and says what is wrong)."""
     from datasets import load_dataset
@@ -134,6 +134,11 @@ def test_a_local_files_columns_are_what_datasets_reads_and_a_source_loads_once(t
         builder = "csv" if name.endswith(".csv") else "json"
         expected = load_dataset(builder, data_files=str(tmp_path / name), split="train").column_names
         assert local_columns(str(tmp_path / name)) == expected == ["q", "a", "note"]
+    (tmp_path / "renamed.csv").write_text("q,q,\n1,2,3\n")  # pandas renames: datasets decides the columns
+    assert local_columns(str(tmp_path / "renamed.csv")) is None
+    monkeypatch.setattr("marl_cli.envs.sources.LOCAL_COLUMNS_MAX_BYTES", 10)  # a big file: datasets reads it
+    assert local_columns(str(tmp_path / "rows.jsonl")) is None
+    monkeypatch.undo()
     (tmp_path / "broken.jsonl").write_text('{"q": 1}\n{"q": \n')
     assert local_columns(str(tmp_path / "broken.jsonl")) is None and local_columns("openai/gsm8k") is None
     with pytest.raises(ConfigError, match="broken.jsonl' could not be loaded"):
