@@ -1,5 +1,5 @@
 """Loading marl's plug-ins: the built-in environments, workflows, algorithms, critic kinds, credit methods, loss terms,
-policy regimes and rollout backends, then the user's (``marl.plugins`` entry points, ``MARL_PLUGINS``).
+reward models, policy regimes and rollout backends, then the user's (``marl.plugins`` entry points, ``MARL_PLUGINS``).
 
 The config layer (``marl_cli.config``) sits below every plug-in and imports none of them: its registries,
 ``register_configs`` and ``check_config`` see what has been loaded. So whatever composes or checks a config
@@ -21,6 +21,7 @@ def load_builtin() -> None:
     import marl_cli.envs
     import marl_cli.losses
     import marl_cli.policies.roles
+    import marl_cli.rewards
     import marl_cli.rollout.backends
     import marl_cli.workflows  # noqa: F401
 

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("credit", "losses", "workflows"),
     ("policies",),
     ("rollout", "tracking"),
-    ("plugins", "critics"),
+    ("plugins", "critics", "rewards"),
     ("training",),
     ("report", "gpu_check"),
     ("cli", "__main__"),

@@ -15,6 +15,7 @@ GROUPS = {
     "algorithm": "how advantages are computed (GRPO, AT-GRPO, M-GRPO; PPO, MARFT, ArCHer with a critic)",
     "credit": "credit beyond the algorithm's: per token (HICRA) or per turn (IGPO)",
     "critic": "the learned value model the value-based algorithms read: none, token (PPO) or utterance (MARFT, ArCHer)",
+    "reward": "rewards from a model: none (the env's program), a judge LM, or an OpenAI-compatible judge server",
     "policy": "which model acts for which role (one shared, one per role, a LoRA adapter per role)",
     "model": "the model every policy starts from (the local tiny model, or a hub/local one)",
     "rollout": "the generation backend (transformers generate, or vLLM)",

@@ -280,6 +280,22 @@ class CreditConfig:
 
 
 @dataclass
+class RewardConfig:
+    """Rewards from a model instead of (or beside) the env's program: none, or a registered reward model
+    (reward=judge, reward=http) that scores the rows of ``roles``. A judged row's reward becomes
+    ``weight · score + program_weight · (its program reward)``, the score in [0, 1]."""
+
+    name: str = MISSING  # the registered reward model: none | judge | http (set by the option)
+    roles: list[str] = field(default_factory=list)  # the workflow's roles the model scores; the others keep theirs
+    weight: float = 1.0  # the model's score's weight in a judged row's reward
+    program_weight: float = 0.0  # the env's (program's) reward's weight beside it; 0: the model's alone
+    invalid: float = 0.0  # the score of a row the model could not score (unparsable, out of range, a failed call)
+    max_calls: int = bounded(0, ge=0)  # distinct (prompt, answer) pairs scored per step; beyond: `invalid`; 0: all
+    cache_size: int = bounded(100000, ge=0)  # (role, prompt, answer) scores kept across steps; 0: no cache
+    agreement_threshold: float = 0.5  # a score at or above it counts as "correct" in judge/agreement
+
+
+@dataclass
 class LossConfig:
     """A term added to TRL's policy loss: none, or a registered one (loss=epo) with its settings; a policy changes
     them with ``policy.trainers.<policy>.loss.<key>``."""
@@ -616,6 +632,7 @@ class TrainSchema:
     credit: Any = MISSING
     critic: Any = MISSING
     loss: Any = MISSING
+    reward: Any = MISSING
     policy: Any = MISSING
     model: Any = MISSING
     rollout: Any = MISSING
@@ -652,7 +669,7 @@ class ReportSchema:
 
 GROUP_SCHEMAS: dict[str, type] = {"env": EnvConfig, "workflow": WorkflowConfig, "algorithm": AlgorithmConfig,
                                   "credit": CreditConfig, "critic": CriticConfig, "loss": LossConfig,
-                                  "policy": PolicyConfig,
+                                  "reward": RewardConfig, "policy": PolicyConfig,
                                   "model": ModelConfig, "rollout": RolloutConfig, "trainer": TrainerConfig,
                                   "logger": LoggerConfig, "store": StoreConfig}
 """Each group's generic schema (``<group>/base_<group>``); a registered plug-in adds ``<group>/base_<name>``."""

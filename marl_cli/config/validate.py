@@ -113,9 +113,9 @@ def describe(exc: BaseException) -> str:
 
 PLUGIN_HINT = ("name the plug-in's module or .py file in MARL_PLUGINS (comma-separated) or in the marl.plugins "
                "entry-point group")
-PLUGIN_GROUPS = ("env", "workflow", "algorithm", "credit", "critic", "loss", "policy", "rollout")
+PLUGIN_GROUPS = ("env", "workflow", "algorithm", "credit", "critic", "loss", "policy", "rollout", "reward")
 """The groups a plug-in adds options to (with its schema, ``<group>/base_<name>``), in the order their
-plug-ins are checked."""
+plug-ins are checked (a reward model last: its check may ask a server)."""
 
 
 def _group_and_choice(path: str) -> tuple[str, str]:

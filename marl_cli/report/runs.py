@@ -225,7 +225,7 @@ def plugin_schema(group: str, name: str) -> type | None:
 RETIRED = {"trainer.epo_coef": 0.0, "trainer.epo_penalty": 0.1, "trainer.epo_corridor_low": 0.8,
            "trainer.epo_corridor_high": 1.2, "trainer.epo_decay": 3.0, "trainer.epo_window": 0}
 """Keys an older marl saved, at the values that did what a run without them does (EPO was ``trainer.epo_*``)."""
-OFF = ("credit", "critic", "loss")
+OFF = ("credit", "critic", "loss", "reward")
 """Groups whose option ``none`` adds nothing: ``{name: none}`` is the setup of a run saved before the group existed."""
 
 

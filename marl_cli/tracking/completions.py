@@ -13,6 +13,10 @@ COLUMNS = ("step", "split", "role", "policy", "task", "branch", "turn", "reward"
            "format_ok", "finished", "prompt", "completion")
 
 
+JUDGED = ("judge_score", "program_reward")
+"""What a reward model put on a row (``rewards/base.py``): its score, and the reward the program had given."""
+
+
 def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: int, split: str, per_agent: int,
                        rng: random.Random | None = None) -> list[dict[str, Any]]:
     """Rows of each role as readable records (prompt and completion decoded).
@@ -43,6 +47,7 @@ def completion_records(samples: list[Sample], tokenizers: dict[str, Any], step: 
                 if rng is not None:
                     records[-1]["staleness"] = Staleness.age(s, step)
             records[-1].update(_credit(s))
+            records[-1].update({k: s.info[k] for k in JUDGED if k in s.info})
     return records
 
 

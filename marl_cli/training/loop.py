@@ -1,6 +1,6 @@
 """The one training loop, shared by every algorithm and policy regime.
 
-    rows (rollouts, or the store) → the credit method's turn rewards → advantages (the algorithm's estimator)
+    rows (rollouts, or the store) → the reward model's scores → the credit method's turn rewards → advantages
     → the credit method's (token) advantages → per-policy TRL update
     → hooks: metrics.jsonl / W&B, periodic eval, periodic checkpoint
 
@@ -33,6 +33,7 @@ from marl_cli.critics.phase import CriticPhase
 from marl_cli.policies.regime import Policy, checkpoint_adapters
 from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
+from marl_cli.rewards import ModelRewards, build_rewards
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
@@ -78,6 +79,8 @@ class Trainer:
         self.trainers: dict[str, PolicyTrainer] = {}
         self.critics = CriticPhase(cfg, run.world) if CRITICS.get(cfg.critic.name).level else None
         """The run's value models (``critic``), or None (a critic-free algorithm)."""
+        self.rewards: ModelRewards | None = None
+        """The run's reward model over its rows (``reward``; built by ``prepare``), or None (the program's rewards)."""
         if self.critics is not None:
             self.critics.check_tokenizers(run.policies)
         self.rng = random.Random(cfg.seed)
@@ -145,6 +148,7 @@ class Trainer:
                 self.trainers[name] = self.policy_trainer(name, policy)
         if self.critics is not None:  # from the policies as RL found them (a resume then loads its own)
             self.critics.build(self.run.policies, self.run.run_dir)
+        self.rewards = build_rewards(cfg, self.run)  # a judging policy as RL found it (adapters attached)
         if not fresh:
             self.restore(self.checkpoint)
 
@@ -181,8 +185,10 @@ class Trainer:
         if self.schedule.swap_every:
             self.run.rollout.routing = {**self.run.routing, **self.schedule.routing(self.run.role_map, step)}
         samples, rollouts, metrics = self.source.rows(step, self.rng)
-        self.run.generator.release()
         t_rollout = time.perf_counter() - t0
+        if self.rewards is not None:
+            metrics.update(self.rewards.apply(samples))
+        self.run.generator.release()
         metrics["train/reward"] = sum(s.reward for s in samples) / max(len(samples), 1)
         metrics.update(self.run.staleness.metrics([s for s in samples if s.role in self.trained_roles], step))
         if self.critics is not None:

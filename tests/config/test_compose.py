@@ -57,6 +57,10 @@ def test_every_group_option_composes(group, option):
         overrides.append(adapters[group, option])  # an adapter needs the user's data or environment
     if (group, option) == ("workflow", "game"):
         overrides.append("env=openspiel")
+    if group == "reward" and option != "none":
+        overrides.append("reward.roles=[agent]")  # a reward model names the roles it scores
+    if (group, option) == ("reward", "http"):
+        overrides.append("reward.probe=false")  # no judge server here
     pairs = {("algorithm", "ppo"): "critic=token", ("algorithm", "marft"): "critic=utterance",
              ("algorithm", "archer"): "critic=utterance", ("critic", "token"): "algorithm=ppo",
              ("critic", "utterance"): "algorithm=archer"}
