@@ -107,6 +107,19 @@ def _chunks(items: Sequence[int], size: int, world: World) -> list[list[int]]:
     return chunks
 
 
+def row_values(model: ValueModel, rows: Sequence[Scored], index: Sequence[Any]) -> list[torch.Tensor]:
+    """Each row's (n_i, heads) values at its unpadded indices ``index[i]`` (``positions``), from one padded forward
+    pass laid out as the learner lays rows out (left-padded prompts, right-padded completions)."""
+    device = next(model.parameters()).device
+    prompts, prompt_mask = pad_rows([list(r.prompt_ids) for r in rows], model.pad_id, left=True)
+    completions, completion_mask = pad_rows([list(r.completion_ids) for r in rows], model.pad_id, left=False)
+    values = model(torch.cat([prompts, completions], 1).to(device),
+                   torch.cat([prompt_mask, completion_mask], 1).to(device))
+    width = prompts.size(1)
+    return [values[b, width - len(r.prompt_ids) + torch.as_tensor(index[b], dtype=torch.long, device=device)]
+            for b, r in enumerate(rows)]
+
+
 def _spread(values: torch.Tensor) -> float:
     """The sample standard deviation (0.0 for fewer than two values)."""
     return float(values.std()) if values.numel() > 1 else 0.0
@@ -145,16 +158,6 @@ class Critic:
             raise ValueError("this critic keeps no target copy (it was built with targets off)")
         return self.target
 
-    def _forward(self, model: ValueModel, rows: Sequence[Scored], index: Sequence[Any]) -> list[torch.Tensor]:
-        """Each row's (n_i, heads) values at its unpadded indices ``index[i]``, from one padded forward pass."""
-        prompts, prompt_mask = pad_rows([list(r.prompt_ids) for r in rows], model.pad_id, left=True)
-        completions, completion_mask = pad_rows([list(r.completion_ids) for r in rows], model.pad_id, left=False)
-        values = model(torch.cat([prompts, completions], 1).to(self.device),
-                       torch.cat([prompt_mask, completion_mask], 1).to(self.device))
-        width = prompts.size(1)
-        return [values[b, width - len(r.prompt_ids) + torch.as_tensor(index[b], dtype=torch.long, device=self.device)]
-                for b, r in enumerate(rows)]
-
     @torch.no_grad()
     def _read(self, rows: Sequence[Scored], index: Sequence[Any], target: bool = False) -> list[torch.Tensor]:
         """Each row's (n_i, heads) values at ``index[i]`` on the CPU, no grad: every process scores its share
@@ -164,7 +167,7 @@ class Critic:
         mine = self.world.share(range(len(rows)))
         out: dict[int, torch.Tensor] = {}
         for chunk in _chunks(mine, self.cfg.mini_batch_size, World()):
-            values = self._forward(model, [rows[i] for i in chunk], [index[i] for i in chunk])
+            values = row_values(model, [rows[i] for i in chunk], [index[i] for i in chunk])
             out.update({i: v.cpu() for i, v in zip(chunk, values, strict=True)})
         merged = {i: v for part in self.world.gather(out) for i, v in part.items()}
         return [merged[i] for i in range(len(rows))]
@@ -260,7 +263,7 @@ class Critic:
               weight: torch.Tensor) -> tuple[torch.Tensor, int]:
         """This process's share of a mini-batch's loss, size·Σ weight·ℓ over the entries of the rows ``mine`` (the
         ranks' mean is the whole mini-batch's loss), and how many of them moved out of the value clip."""
-        values = self._forward(self.model, [batch.rows[i] for i in mine], [entries[i].index for i in mine])
+        values = row_values(self.model, [batch.rows[i] for i in mine], [entries[i].index for i in mine])
         v = torch.cat([x[torch.arange(entries[i].size, device=self.device), entries[i].head.to(self.device)]
                        for i, x in zip(mine, values, strict=True)])
         target = torch.cat([entries[i].target for i in mine]).to(v)

@@ -162,11 +162,11 @@ class PlanPathEnv(Env):
         actions = state.actions + 1
         last = actions >= cfg.actions_per_episode
         moves = None if action is None else parse_moves(action)
-        if moves is None:
-            return Transition(replace(state, actions=actions, done=last), cfg.format_penalty, done=last, success=False,
-                              format_ok=False, info={"invalid_moves": 0, "moves": 0})
         grid, pos = state.grid, state.pos
         dist = distances_to(grid, grid.goal)
+        if moves is None:
+            return Transition(replace(state, actions=actions, done=last), cfg.format_penalty, done=last, success=False,
+                              format_ok=False, info={"invalid_moves": 0, "moves": 0, "distance": dist[pos]})
         reward, invalid, made = 0.0, 0, state.moves_made
         for move in moves[: self.max_moves]:
             dr, dc = MOVES[move]
@@ -189,4 +189,4 @@ class PlanPathEnv(Env):
         done = success or last
         new_state = PlanPathState(grid=grid, pos=pos, moves_made=made, actions=actions, done=done, success=success)
         return Transition(new_state, reward, done=done, success=success, format_ok=True,
-                          info={"invalid_moves": invalid, "moves": len(moves)})
+                          info={"invalid_moves": invalid, "moves": len(moves), "distance": dist[pos]})

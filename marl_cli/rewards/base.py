@@ -30,6 +30,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
@@ -59,7 +60,8 @@ def check_reward(cfg: Any) -> None:
 
 
 REWARDS: Registry[Any] = Registry("reward.name", "reward", check=check_reward)
-"""Reward models by name (a ``RewardModel`` class; ``none``: no model)."""
+"""Reward models by name: a ``RewardModel`` class (scores replies; ``ModelRewards`` applies it), a ``Rewarder``
+class (applies itself: a learned model that trains on the rows), or None (``none``)."""
 REWARDS.register("none")(None)
 
 
@@ -149,8 +151,49 @@ class RubricJudge(RewardModel):
         """The judge's reply to each prompt (None: no reply, a failed call) and the tokens it cost."""
 
 
-class ModelRewards:
-    """The reward model of a run applied to its rows (see the module's docstring).
+class Rewarder(ABC):
+    """What the loop holds: sets the rewards of a step's rows (``apply``), and saves and restores what it learned."""
+
+    @abstractmethod
+    def apply(self, rows: list[Sample]) -> dict[str, float]:
+        """Set the rewards of the rows it covers, in place; the step's metrics."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (a learned model's weights and optimiser; nothing by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict``'s state."""
+        return
+
+    def save(self, directory: Path) -> None:
+        """Write what another run may load into ``directory`` (a checkpoint being written; nothing by default)."""
+        return
+
+
+def judged_rows(rows: list[Sample], roles: Any) -> list[Sample]:
+    """The rows a reward model scores: of ``roles``, with tokens (a scripted role's rows have none)."""
+    roles = set(roles)
+    return [row for row in rows if row.role in roles and row.completion_ids]
+
+
+def agreement(scores: list[float], rows: list[Sample], threshold: float) -> dict[str, float]:
+    """``judge/agreement``: the share of ``rows`` whose score's verdict (≥ ``threshold``) is the program's."""
+    if not rows:
+        return {}
+    same = [(score >= threshold) == bool(row.success) for score, row in zip(scores, rows, strict=True)]
+    return {"judge/agreement": sum(same) / len(same)}
+
+
+def rewrite(row: Sample, score: float, reward: float) -> None:
+    """Record the row's program reward and its score (``samples.jsonl`` shows both), and set its reward."""
+    row.info["program_reward"] = row.reward
+    row.info["judge_score"] = score
+    row.reward = reward
+
+
+class ModelRewards(Rewarder):
+    """A reward model that scores replies applied to a run's rows (see the module's docstring).
 
     Args:
         cfg: the ``reward`` config.
@@ -164,29 +207,24 @@ class ModelRewards:
         self.model = model
         self.parse = parse
         self.tokenizers = tokenizers
-        self.roles = set(cfg.roles)
+        self.roles = list(cfg.roles)
         self.cache: OrderedDict[tuple[str, str, str], float] = OrderedDict()
 
     def apply(self, rows: list[Sample]) -> dict[str, float]:
         """Score the rows of the covered roles and set their rewards; the step's judge metrics."""
         t0 = time.perf_counter()
-        mine = [row for row in rows if row.role in self.roles and row.completion_ids]
+        mine = judged_rows(rows, self.roles)
         if not mine:
             return {}
         keys = [self._key(row) for row in mine]
         scores, stats = self._scores(list(dict.fromkeys(keys)))
-        cfg, agree = self.cfg, []
+        cfg = self.cfg
+        scored = [(scores[key], row) for key, row in zip(keys, mine, strict=True) if scores[key] is not None]
+        stats.update(agreement([s for s, _ in scored], [r for _, r in scored], cfg.agreement_threshold))
         for row, key in zip(mine, keys, strict=True):
-            score = scores.get(key)
-            if score is not None:
-                agree.append((score >= cfg.agreement_threshold) == bool(row.success))
-            value = cfg.invalid if score is None else score
-            row.info["program_reward"] = row.reward
-            row.info["judge_score"] = value
-            row.reward = cfg.weight * value + cfg.program_weight * row.reward
+            value = cfg.invalid if scores[key] is None else scores[key]
+            rewrite(row, value, cfg.weight * value + cfg.program_weight * row.reward)
         stats["judge/score"] = sum(r.info["judge_score"] for r in mine) / len(mine)
-        if agree:
-            stats["judge/agreement"] = sum(agree) / len(agree)
         stats["time/judge_s"] = time.perf_counter() - t0
         return stats
 
@@ -230,10 +268,12 @@ class ModelRewards:
             self.cache.popitem(last=False)
 
 
-def build_rewards(cfg: Any, run: Any) -> ModelRewards | None:
+def build_rewards(cfg: Any, run: Any) -> Rewarder | None:
     """The run's reward model over its rows (None under ``reward=none``)."""
     reward = cfg.get("reward")  # a run saved before rewards from models had none
-    model = None if reward is None else REWARDS.get(reward.name)
-    if model is None:
+    kind = None if reward is None else REWARDS.get(reward.name)
+    if kind is None:
         return None
-    return ModelRewards(cfg.reward, model(cfg, run), run.workflow.parse, run.tokenizers())
+    if issubclass(kind, Rewarder):
+        return kind(cfg, run)
+    return ModelRewards(cfg.reward, kind(cfg, run), run.workflow.parse, run.tokenizers())

@@ -18,6 +18,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,15 +60,19 @@ class RunState:
 
 
 def save_checkpoint(run_dir: Path, state: RunState, policies: dict[str, Policy], rng: random.Random,
-                    weights: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+                    weights: dict[str, dict[str, torch.Tensor]] | None = None,
+                    write: Callable[[Path], None] | None = None) -> Path:
     """Write the checkpoint of ``state.step`` (its parts, the policies' weights and the RNGs: ``rng`` and torch's)
     and return its directory; ``weights`` by policy name replace what a policy's model holds (a sharded learner's
-    fp32 masters)."""
+    fp32 masters); ``write`` adds files of its own to the directory (a learned reward model's weights)."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, policy in policies.items():
         policy.save(tmp / "policies" / name, (weights or {}).get(name))
+    tmp.mkdir(parents=True, exist_ok=True)
+    if write is not None:
+        write(tmp)
     torch.save({"step": state.step, **state.parts, "python_rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "state.pt")
     (tmp / MANIFEST).write_text(json.dumps(manifest(tmp), indent=1, sort_keys=True))

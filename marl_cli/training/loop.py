@@ -273,8 +273,10 @@ class Trainer:
         state.add("extra", self.counters)
         state.add("algorithm", self.memory)
         state.add("critics", None if self.critics is None else self.critics.state_dict())
+        state.add("reward", None if self.rewards is None else self.rewards.state_dict())
         state.add("in_flight", {"ranks": ahead} if any(ahead) else None)
-        path = save_checkpoint(self.run.run_dir, state, self.run.policies, self.rng, masters)
+        path = save_checkpoint(self.run.run_dir, state, self.run.policies, self.rng, masters,
+                               None if self.rewards is None else self.rewards.save)
         log.info("checkpoint: step %d saved to %s", step, path)
         self.source.saved(step)
         limit = self.cfg.trainer.save_total_limit
@@ -289,6 +291,8 @@ class Trainer:
             trainer.load_state_dict(state["trainers"][name])
         if self.critics is not None:
             self.critics.load_state_dict(state.get("critics") or {})
+        if self.rewards is not None:
+            self.rewards.load_state_dict(state.get("reward") or {})
         self.rng.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():  # what the GPUs sample with
