@@ -25,7 +25,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marl_cli.algorithms.base import ALGORITHMS, Algorithm
@@ -59,6 +59,9 @@ class GRPOConfig(GroupConfig):
     # the rows a reward is normalised among: turn (same task, turn and role: AT-GRPO's) | episode (same task and
     # role, every turn; unbiased when the policy decides when an episode ends)
     norm_group: NormGroup = NormGroup.turn
+    # roles whose rows share one baseline across the step's tasks, (turn, role): a role that acts once per task (a
+    # proposer: one row a task) has no group of its own (task-relative REINFORCE++, SSP's proposer)
+    batch_roles: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -92,6 +95,12 @@ def group_key(sample: Sample) -> tuple[int, int, str]:
     return (sample.task, sample.turn, sample.role)
 
 
+def batch_group_key(sample: Sample) -> tuple[int, int, str]:
+    """``batch_roles``: samples compete with the same role's at the same turn of every task (task -1 stands for
+    all)."""
+    return (-1, sample.turn, sample.role)
+
+
 def episode_group_key(sample: Sample) -> tuple[int, int, str]:
     """``norm_group=episode``: samples compete with every turn of the same task and role (turn -1 stands for all)."""
     return (sample.task, -1, sample.role)
@@ -119,11 +128,13 @@ def turn_returns(samples: Sequence[Sample], gamma: float, values: Sequence[float
 
 
 def assign_advantages(samples: list[Sample], norm_by_std: bool = True, eps: float = 1e-6, filter: str = "none",
-                      values: Sequence[float] | None = None, by_turn: bool = True) -> dict[str, float]:
+                      values: Sequence[float] | None = None, by_turn: bool = True,
+                      batch_roles: Sequence[str] = ()) -> dict[str, float]:
     """Fill in ``advantage`` (and ``keep`` under ``filter="zero_std"``) for every row from ``values`` (one per row:
-    what is normalised; default its reward), grouped per (task, turn, role), or per (task, role) unless ``by_turn``;
-    return group statistics."""
-    keys = [group_key(s) if by_turn else episode_group_key(s) for s in samples]
+    what is normalised; default its reward), grouped per (task, turn, role), or per (task, role) unless ``by_turn``,
+    and the rows of ``batch_roles`` per (turn, role) across tasks; return group statistics."""
+    keys = [batch_group_key(s) if s.role in batch_roles else group_key(s) if by_turn else episode_group_key(s)
+            for s in samples]
     values = [s.reward for s in samples] if values is None else list(values)
     for s, a in zip(samples, group_advantages(values, keys, norm_by_std, eps), strict=True):
         s.advantage = a
@@ -164,7 +175,8 @@ def grpo_estimator(samples: list[Sample], cfg: Any, rng: random.Random,
     group (``norm_group``)."""
     returns = cfg.turn_credit == "return"
     values = turn_returns(samples, cfg.gamma) if returns else None
-    stats = assign_advantages(samples, cfg.norm_by_std, cfg.std_eps, cfg.filter, values, cfg.norm_group == "turn")
+    stats = assign_advantages(samples, cfg.norm_by_std, cfg.std_eps, cfg.filter, values, cfg.norm_group == "turn",
+                              cfg.batch_roles)
     if returns:
         stats["return_mean"] = sum(values) / max(len(values), 1)
     return samples, stats

@@ -111,6 +111,19 @@ class Env(ABC):
     def oracle(self, state: Any) -> str | None:
         """An optimal action from ``state`` as answer text, or None when there is none."""
 
+    writes_tasks: bool = False
+    """Whether a model may write this family's tasks (``parse_task`` and ``write_task`` are implemented): a
+    proposer's text becomes a task only through the family's own validity check."""
+
+    def parse_task(self, text: str) -> Any | None:
+        """The task a proposer wrote in ``text`` if it is a valid task of this family (a program checks it: it
+        parses, it can be solved, its stated answer is right), else None."""
+        return None
+
+    def write_task(self, task: Any) -> str | None:
+        """``task`` as a proposer writes it (``parse_task`` reads it back), or None; for demonstrations."""
+        return None
+
 
 @dataclass(frozen=True)
 class AnswerState:

@@ -21,7 +21,7 @@ from typing import Any
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import MathConfig
 from marl_cli.envs.base import ENVS, EVAL_SEED_BASE, WARMSTART_OFFSET, Env, Transition, task_seed
-from marl_cli.envs.math_data import KINDS, MathTask, generate, load_tasks
+from marl_cli.envs.math_data import KINDS, MathTask, exact_value, fraction_text, generate, held_out, load_tasks
 from marl_cli.envs.sources import load_splits
 
 MAX_ANSWER_CHARS = 300
@@ -104,6 +104,10 @@ def answers_match(gold: str, answer: str) -> bool:
         return False
 
 
+MAX_PROPOSED = 80
+"""The longest expression a proposer may write (``MathEnv.parse_task``)."""
+
+
 @dataclass(frozen=True)
 class MathState:
     """The task, the team's latest answer (None before any, or after an unreadable one) and the episode so far."""
@@ -165,6 +169,33 @@ class MathEnv(Env):
 
     def score(self, state: MathState) -> float:
         return 1.0 if state.correct else 0.0
+
+    writes_tasks = True
+
+    def parse_task(self, text: str) -> MathTask | None:
+        """``<expression> = <answer>``: an integer expression (``+ - * /``, parentheses, at least one operator, every
+        number at most ``env.max_operand``, at most ``MAX_PROPOSED`` characters) and its value, checked exactly, on
+        the training side of the embedded generator's split (a question of its held-out side is refused, so a proposer
+        cannot write an evaluation question); anything else is not a task."""
+        expr, sep, stated = text.strip().rpartition("=")
+        expr = expr.strip()
+        if not sep or len(expr) > MAX_PROPOSED or not re.fullmatch(r"[\d\s+\-*/()]+", expr) or "**" in expr \
+                or "//" in expr or not re.search(r"\d\s*[+\-*/]", expr):
+            return None  # `**` would let a proposal run for ever; `//` is not the family's division
+        if any(int(n) > self.cfg.max_operand for n in re.findall(r"\d+", expr)):
+            return None
+        try:
+            value = fraction_text(exact_value(expr))
+        except (ValueError, SyntaxError, ZeroDivisionError, TypeError):
+            return None
+        if not answers_match(value, stated.strip()):
+            return None
+        expr = " ".join(re.sub(r"([+\-*/()])", r" \1 ", expr).split())
+        question = f"What is {expr}?"
+        return None if held_out(question) else MathTask(question, value, expr)  # the eval side is never trained on
+
+    def write_task(self, task: MathTask) -> str | None:
+        return f"{task.expr} = {task.answer}" if task.expr and task.question.startswith("What is ") else None
 
     def check(self, state: MathState, answer: str) -> bool:
         """Whether ``answer`` (already extracted) is the task's gold answer."""

@@ -273,7 +273,7 @@ class ScalarRewards(LearnedRewards):
                 values = self.values([rows[i] for i in batch], grad=True)
                 loss = regression_loss(values, torch.tensor([labels[i] for i in batch]))
             self.step(loss)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         stats = {"reward_model/loss": sum(losses) / len(losses)}
         if self.cfg.objective == "bradley_terry":
             stats["reward_model/pairs"] = float(len(items))

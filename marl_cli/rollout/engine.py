@@ -93,6 +93,7 @@ class Rollout:
     mode: str = "independent"
     selection: str = "greedy"
     references: bool = False  # record on each row its role's correct answer where its turn starts (IGPO scores it)
+    evaluating: bool = False  # an evaluation: the workflow's train-only roles do not act
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -103,7 +104,7 @@ class Rollout:
 
     def evaluation(self) -> Rollout:
         """This rollout with the evaluation sampling (the training sampling when none is set), independent episodes."""
-        return replace(self, sampling=self.eval_sampling or self.sampling, mode="independent")
+        return replace(self, sampling=self.eval_sampling or self.sampling, mode="independent", evaluating=True)
 
     def start_generator(self) -> None:
         """Start what the policies acting now need in the backend (every process of a run at once)."""
@@ -124,6 +125,7 @@ class Rollout:
         for turn in range(workflow.max_turns):
             calls_at_turn = generator.calls
             for stage in workflow.stages(turn):
+                stage = [role for role in stage if not (self.evaluating and role in workflow.train_only)]
                 live = [ep for ep in episodes if not ep.done]
                 if not live:
                     break
@@ -133,12 +135,22 @@ class Rollout:
             calls_per_turn.append(generator.calls - calls_at_turn)
             if all(ep.done for ep in episodes):
                 break
+        self._settle(samples, episodes)
+        return RolloutResult(samples, episodes, generator.calls - calls_before, calls_per_turn)
+
+    def _settle(self, samples: list[Sample], episodes: list[Episode]) -> None:
+        """Each episode's end-of-episode rewards (``workflow.settle``), then each task's (``settle_task``)."""
+        tree = self.mode == "tree"
         rows: dict[tuple[int, int], list[Sample]] = defaultdict(list)
         for s in samples:
             rows[s.task, 0 if tree else s.branch].append(s)
         for ep in episodes:
-            workflow.settle(ep.state, rows[ep.task, ep.branch])
-        return RolloutResult(samples, episodes, generator.calls - calls_before, calls_per_turn)
+            self.workflow.settle(ep.state, rows[ep.task, ep.branch])
+        by_task: dict[int, list[Episode]] = defaultdict(list)
+        for ep in episodes:
+            by_task[ep.task].append(ep)
+        for task, eps in by_task.items():
+            self.workflow.settle_task([ep.state for ep in eps], [s for ep in eps for s in rows[task, ep.branch]])
 
     def _act(self, role: str, turn: int, live: list[Episode], generations: dict[tuple[int, int], list[Generation]],
              candidates: int, rng: random.Random) -> list[Sample]:
@@ -146,6 +158,7 @@ class Rollout:
         (tree) or its only one; the candidates' sample rows."""
         workflow, tree = self.workflow, self.mode == "tree"
         acting = [ep for ep in live if not ep.done and (ep.task, ep.branch) in generations]
+        followers = self._followers(role, live, acting)
         jobs = [(ep.state, g.text) for ep in acting for g in generations[ep.task, ep.branch]]
         segments = [workflow.segment(role, ep.state) for ep in acting]
         references = [workflow.demonstration(role, ep.state) if self.references else None for ep in acting]
@@ -164,10 +177,23 @@ class Rollout:
                     sampling_logprobs=gen.logprobs, prompt_truncated=gen.prompt_truncated, finished=gen.finished,
                     temperature=temperature, reference=references[i]))
             chosen = mine[select(mine, self.selection, rng)] if tree else mine[0]
-            ep.state = chosen.state
-            ep.team_return += chosen.reward
-            ep.turns = turn + 1
+            for each in [ep, *followers.get(ep.task, [])]:
+                each.state = chosen.state
+                each.team_return += chosen.reward
+                each.turns = turn + 1
         return samples
+
+    def _followers(self, role: str, live: list[Episode], acting: list[Episode]) -> dict[int, list[Episode]]:
+        """For a role that acts once per task (``workflow.once``): the task's other live episodes, which take the
+        state its one action leads to; none for other roles."""
+        if role not in self.workflow.once:
+            return {}
+        leaders = {ep.task: ep for ep in acting}
+        out: dict[int, list[Episode]] = defaultdict(list)
+        for ep in live:
+            if ep.task in leaders and ep is not leaders[ep.task]:
+                out[ep.task].append(ep)
+        return out
 
     def _generate_stage(self, stage: list[str], live: list[Episode],
                         candidates: int) -> dict[str, dict[tuple[int, int], list[Generation]]]:
@@ -179,9 +205,11 @@ class Rollout:
         out: dict[str, dict[tuple[int, int], list[Generation]]] = {role: defaultdict(list) for role in stage}
         for role in stage:  # roles of one policy share a call unless they sample differently
             actor = scripted_actor(self.routing[role])
+            seen: set[int] = set()
             for ep in live:
-                if not workflow.acting(role, ep.state):
+                if not workflow.acting(role, ep.state) or (role in workflow.once and ep.task in seen):
                     continue
+                seen.add(ep.task)
                 if actor is not None:
                     out[role][ep.task, ep.branch] += [Generation([], [], actor(workflow, role, ep.state))
                                                       for _ in range(candidates)]

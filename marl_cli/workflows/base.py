@@ -101,6 +101,11 @@ class Workflow(ABC):
     """Whether this class executes model-written code (then the run builds a sandbox for it)."""
     trajectory_rewards: bool = False
     """Whether rewards exist only per trajectory (written by ``settle``), so groups must be trajectories too."""
+    once: tuple[str, ...] = ()
+    """Roles that act once per task, before its K episodes part (independent rollouts): one generation, one row, its
+    outcome the starting point of every episode of the task (a proposer writing the task the others then solve)."""
+    train_only: tuple[str, ...] = ()
+    """Roles that act in training rollouts only: evaluations skip them (a proposer; evaluation tasks are the env's)."""
 
     def __init__(self, cfg: Any, env: Env):
         self.cfg = cfg
@@ -204,6 +209,11 @@ class Workflow(ABC):
 
         By default rewards are final when an action is scored, and the rows stay as they are.
         """
+        return
+
+    def settle_task(self, finals: list[TeamState], rows: list[Sample]) -> None:
+        """Write rewards that depend on every episode of one task into its ``rows`` (all its episodes'), once each
+        episode is settled; ``finals`` are its episodes' final states. By default nothing."""
         return
 
     def outcome_metrics(self, finals: list[TeamState], prefix: str) -> dict[str, float]:

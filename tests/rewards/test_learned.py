@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from marl_cli.core.samples import Sample
 from marl_cli.rewards.learned import (
@@ -100,3 +101,25 @@ def test_a_saved_scalar_model_loads_frozen_into_another_run_and_a_wrong_shape_is
 ])
 def test_a_bad_learned_reward_config_is_refused_in_one_line(overrides, message):
     assert refusal([*FAST, "reward.roles=[agent]", *overrides]) == message
+
+
+def _step_metrics(run, step: int) -> dict:
+    record = next(r for r in step_records(run) if r["step"] == step)
+    return {k: v for k, v in record.items() if not k.startswith("time/")}
+
+
+@pytest.mark.parametrize("kind", ["progress", "scalar"])
+def test_a_resumed_run_with_a_learned_reward_model_equals_the_uninterrupted_one(tmp_path, kind):
+    from marl_cli.training.checkpoint import load_state
+    from marl_cli.training.loop import train
+    from tests.helpers import train_config
+
+    run = [*FAST, "trainer.warmstart.enabled=false", "reward.roles=[agent]", f"reward={kind}", "trainer.save_every=1",
+           "reward.learning_rate=1e-3", "workflow.max_turns=2", "trainer.deterministic=true"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(train_config(*run, "trainer.steps=3"), whole)
+    train(train_config(*run, "trainer.steps=2"), cut)
+    assert train(train_config(*run, "trainer.steps=3", f"trainer.resume={cut}"), cut)["status"] == "completed"
+    assert _step_metrics(whole, 3) == _step_metrics(cut, 3)
+    a, b = (load_state(r / "checkpoints" / "step_000003")["reward"] for r in (whole, cut))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]) and a["rng"] == b["rng"]
