@@ -28,19 +28,21 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
-from marl_cli.config.schema import RewardConfig
+from marl_cli.config.schema import RewardConfig, choices
 from marl_cli.core.samples import Sample
-from marl_cli.rewards.scores import Scale, check_template, render
+from marl_cli.rewards.scores import Scale, check_template, check_verdict, render
 
 DEFAULT_TEMPLATE = ("You grade an answer to a task.\nTask:\n{prompt}\nAnswer given: {answer}\n"
                     "Is the answer correct? End your reply with the line\n{verdict}\n")
+DEFAULT_PAIR_TEMPLATE = ("Two answers to one task.\nTask:\n{prompt}\nAnswer 1: {answer_a}\nAnswer 2: {answer_b}\n"
+                         "Which answer is better (1 or 2)? End your reply with the line\n{verdict}\n")
 
 
 def check_reward(cfg: Any) -> None:
@@ -59,6 +61,7 @@ def check_reward(cfg: Any) -> None:
         raise ConfigError("reward.weight and reward.program_weight are both 0: every judged row's reward would be 0")
 
 
+PairPlan = choices("PairPlan", "ring", "all", module=__name__)
 REWARDS: Registry[Any] = Registry("reward.name", "reward", check=check_reward)
 """Reward models by name: a ``RewardModel`` class (scores replies; ``ModelRewards`` applies it), a ``Rewarder``
 class (applies itself: a learned model that trains on the rows), or None (``none``)."""
@@ -75,6 +78,12 @@ class RubricConfig(RewardConfig):
     verdict: str = "Score: {score}"  # the line the judge ends with; {score} is where its number goes
     low: float = 0.0  # the lowest score the judge may write (maps to 0)
     high: float = 10.0  # the highest (maps to 1)
+    pairwise: bool = False  # compare the replies of a group two by two; a reply's score is its share of wins
+    pairs: PairPlan = PairPlan.ring  # pairwise: which pairs of a group's distinct replies (ring: n, all: n(n-1)/2)
+    swap: bool = True  # pairwise: judge every pair in both orders (position bias cancels; its size is logged)
+    # pairwise: the judge's prompt; fields {prompt} {answer_a} {answer_b} {completion_a} {completion_b} {role} {verdict}
+    pair_template: str = DEFAULT_PAIR_TEMPLATE
+    pair_verdict: str = "Better: {score}"  # pairwise: the line the judge ends with, 1 (the first) or 2 (the second)
 
 
 def check_rubric(cfg: Any) -> None:
@@ -82,6 +91,9 @@ def check_rubric(cfg: Any) -> None:
     reward = cfg.reward
     Scale(reward.verdict, reward.low, reward.high)
     check_template(reward.template, "reward.template")
+    if reward.pairwise:
+        check_verdict(reward.pair_verdict, "reward.pair_verdict")
+        check_template(reward.pair_template, "reward.pair_template", pairwise=True)
     for role, template in reward.templates.items():
         if role not in cfg.workflow.roles:
             raise ConfigError(f"reward.templates has a rubric for {role!r}, which workflow={cfg.workflow.name} "
@@ -97,6 +109,9 @@ class Judged:
     prompt: str
     completion: str
     answer: str | None
+    rival: str | None = None
+    """Pairwise: the reply it is compared with, shown second."""
+    rival_answer: str | None = None
 
 
 @dataclass
@@ -131,18 +146,24 @@ class RubricJudge(RewardModel):
         self.scale = Scale(reward.verdict, reward.low, reward.high)
         self.templates = dict(reward.templates)
         self.template = reward.template
+        self.pair_scale = Scale(reward.pair_verdict, 1, 2) if reward.pairwise else None
+        self.pair_template = reward.pair_template
 
     def prompt(self, item: Judged) -> str:
+        if item.rival is not None:
+            return render(self.pair_template, self.pair_scale, prompt=item.prompt, role=item.role,
+                          completion_a=item.completion, answer_a=item.answer or "none", completion_b=item.rival,
+                          answer_b=item.rival_answer or "none")
         return render(self.templates.get(item.role, self.template), self.scale, prompt=item.prompt,
                       completion=item.completion, answer=item.answer or "none", role=item.role)
 
     def score(self, items: list[Judged]) -> list[Verdict]:
         verdicts = []
-        for reply, tokens in self.replies([self.prompt(item) for item in items]):
+        for item, (reply, tokens) in zip(items, self.replies([self.prompt(item) for item in items]), strict=True):
             if reply is None:
                 verdicts.append(Verdict(None, "error", tokens))
                 continue
-            value, why = self.scale.parse(reply)
+            value, why = (self.scale if item.rival is None else self.pair_scale).parse(reply)
             verdicts.append(Verdict(value, why, tokens))
         return verdicts
 
@@ -192,6 +213,38 @@ def rewrite(row: Sample, score: float, reward: float) -> None:
     row.reward = reward
 
 
+Key = tuple[str, ...]
+"""What a judgement is of: (role, prompt, reply), or pairwise (role, prompt, first reply, second reply)."""
+
+
+def pairs_of(replies: list[Key], plan: str, swap: bool) -> list[tuple[Key, Key]]:
+    """The comparisons among a group's distinct replies: each with the next, round the ring (``ring``; one pair for
+    two replies), or every pair (``all``); with ``swap`` each pair also the other way round."""
+    n = len(replies)
+    if n < 2:
+        return []
+    if plan == "all" or n == 2:
+        pairs = [(replies[i], replies[j]) for i in range(n) for j in range(i + 1, n)]
+    else:
+        pairs = [(replies[i], replies[(i + 1) % n]) for i in range(n)]
+    return pairs + [(b, a) for a, b in pairs] if swap else pairs
+
+
+def position_bias(comparisons: list[tuple[Key, Key]], asked: list[Key], verdicts: dict[Key, float | None]
+                  ) -> dict[str, float]:
+    """``judge/first_position_rate``: the share of decided comparisons won by the reply shown first (½ for a judge
+    without position bias); ``judge/swap_consistency``: the share of pairs judged both ways whose two verdicts pick
+    the same reply."""
+    decided = [verdicts[k] < 0.5 for k in asked if verdicts[k] is not None and verdicts[k] != 0.5]
+    out = {"judge/first_position_rate": sum(decided) / len(decided)} if decided else {}
+    by_pair = {(a, b): verdicts[k] for (a, b), k in zip(comparisons, asked, strict=True)}
+    both = [(v, by_pair[b, a]) for (a, b), v in by_pair.items() if (b, a) in by_pair and v is not None
+            and by_pair[b, a] is not None and a < b]
+    if both:
+        out["judge/swap_consistency"] = sum((x < 0.5) == (y > 0.5) for x, y in both) / len(both)
+    return out
+
+
 class ModelRewards(Rewarder):
     """A reward model that scores replies applied to a run's rows (see the module's docstring).
 
@@ -208,7 +261,7 @@ class ModelRewards(Rewarder):
         self.parse = parse
         self.tokenizers = tokenizers
         self.roles = list(cfg.roles)
-        self.cache: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        self.cache: OrderedDict[Key, float | None] = OrderedDict()
 
     def apply(self, rows: list[Sample]) -> dict[str, float]:
         """Score the rows of the covered roles and set their rewards; the step's judge metrics."""
@@ -217,7 +270,10 @@ class ModelRewards(Rewarder):
         if not mine:
             return {}
         keys = [self._key(row) for row in mine]
-        scores, stats = self._scores(list(dict.fromkeys(keys)))
+        if self.cfg.get("pairwise"):
+            scores, stats = self._pairwise(mine, keys)
+        else:
+            scores, stats = self._scores(list(dict.fromkeys(keys)))
         cfg = self.cfg
         scored = [(scores[key], row) for key, row in zip(keys, mine, strict=True) if scores[key] is not None]
         stats.update(agreement([s for s, _ in scored], [r for _, r in scored], cfg.agreement_threshold))
@@ -228,15 +284,37 @@ class ModelRewards(Rewarder):
         stats["time/judge_s"] = time.perf_counter() - t0
         return stats
 
-    def _key(self, row: Sample) -> tuple[str, str, str]:
+    def _key(self, row: Sample) -> Key:
         tokenizer = self.tokenizers[row.policy]
         return (row.role, tokenizer.decode(row.prompt_ids, skip_special_tokens=True),
                 tokenizer.decode(row.completion_ids, skip_special_tokens=True))
 
-    def _scores(self, keys: list[tuple[str, str, str]]) -> tuple[dict[tuple[str, str, str], float | None],
-                                                                  dict[str, float]]:
+    def _pairwise(self, rows: list[Sample], keys: list[Key]) -> tuple[dict[Key, float | None], dict[str, float]]:
+        """Each distinct reply's share of wins over the comparisons with the other replies of its group (task, turn,
+        role, segment); ``swap`` judges each pair in both orders. A reply alone in its group scores ½; one whose
+        every comparison failed, None."""
+        groups: dict[tuple[int, int, str, int], list[Key]] = defaultdict(list)
+        for row, key in zip(rows, keys, strict=True):
+            groups[row.task, row.turn, row.role, row.segment].append(key)
+        comparisons = [pair for members in groups.values() for pair in pairs_of(list(dict.fromkeys(members)),
+                                                                                self.cfg.pairs, self.cfg.swap)]
+        asked = [(a[0], a[1], a[2], b[2]) for a, b in comparisons]
+        verdicts, stats = self._scores(list(dict.fromkeys(asked)))
+        wins: dict[Key, list[float]] = defaultdict(list)
+        for (a, b), key in zip(comparisons, asked, strict=True):
+            if verdicts[key] is not None:  # 0: the first reply is better, 1: the second
+                wins[a].append(1.0 - verdicts[key])
+                wins[b].append(verdicts[key])
+        stats.update(position_bias(comparisons, asked, verdicts))
+        alone = {key for members in groups.values() if len(set(members)) == 1 for key in members}
+        stats["judge/uncompared"] = float(len(alone))  # distinct replies with none to compare against
+        scores = {key: 0.5 if key in alone else sum(wins[key]) / len(wins[key]) if wins[key] else None
+                  for key in dict.fromkeys(keys)}
+        return scores, stats
+
+    def _scores(self, keys: list[Key]) -> tuple[dict[Key, float | None], dict[str, float]]:
         """The score of each distinct key: from the cache, or from the model (at most ``max_calls`` of them)."""
-        scores: dict[tuple[str, str, str], float | None] = {}
+        scores: dict[Key, float | None] = {}
         fresh = []
         for key in keys:
             if key in self.cache:
@@ -246,7 +324,7 @@ class ModelRewards(Rewarder):
                 fresh.append(key)
         cap = self.cfg.max_calls or len(fresh)
         asked, over = fresh[:cap], fresh[cap:]
-        verdicts = self.model.score([Judged(role, prompt, reply, self.parse(reply)) for role, prompt, reply in asked])
+        verdicts = self.model.score([self._judged(key) for key in asked])
         stats = {"judge/calls": float(len(asked)), "judge/over_cap": float(len(over)),
                  "judge/tokens": float(sum(v.tokens for v in verdicts)),
                  "judge/cache_hits": float(len(keys) - len(fresh))}
@@ -260,7 +338,13 @@ class ModelRewards(Rewarder):
             scores[key] = None
         return scores, stats
 
-    def _remember(self, key: tuple[str, str, str], score: float | None) -> None:
+    def _judged(self, key: Key) -> Judged:
+        """What the model scores for a key: (role, prompt, reply) or, pairwise, (role, prompt, first, second)."""
+        role, prompt, reply, *rival = key
+        second = rival[0] if rival else None
+        return Judged(role, prompt, reply, self.parse(reply), second, None if second is None else self.parse(second))
+
+    def _remember(self, key: Key, score: float | None) -> None:
         if self.cfg.cache_size == 0:
             return
         self.cache[key] = score

@@ -27,6 +27,8 @@ FIELDS = ("prompt", "completion", "answer", "role", "verdict", "low", "high")
 (``none`` when it gave none), its role, the verdict line to end with, and the score's range."""
 SHOWN = ("prompt", "completion", "answer")
 """Fields of which a rubric must show at least one: without them the judge has nothing to judge."""
+PAIR_FIELDS = ("prompt", "completion_a", "completion_b", "answer_a", "answer_b", "role", "verdict", "low", "high")
+"""What a pairwise rubric may show: the prompt, both replies (the first, the second) and their answers."""
 _NUMBER = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+))"
 
 
@@ -46,13 +48,19 @@ def check_verdict(verdict: str, key: str = "reward.verdict") -> None:
                           f"and no other field, e.g. 'Score: {{score}}'")
 
 
-def check_template(template: str, key: str) -> None:
-    """A rubric template uses only ``FIELDS`` and shows the judge something to judge (one of ``SHOWN``)."""
-    names = slots(template)
-    unknown = sorted(set(names) - set(FIELDS))
+def check_template(template: str, key: str, pairwise: bool = False) -> None:
+    """A rubric template uses only ``FIELDS`` (``PAIR_FIELDS``) and shows the judge something to judge (one of
+    ``SHOWN``; pairwise: both replies)."""
+    names, allowed = slots(template), PAIR_FIELDS if pairwise else FIELDS
+    unknown = sorted(set(names) - set(allowed))
     if unknown:
-        raise ConfigError(f"{key} has unknown fields {unknown}; fields: {', '.join(FIELDS)}")
-    if not set(names) & set(SHOWN):
+        raise ConfigError(f"{key} has unknown fields {unknown}; fields: {', '.join(allowed)}")
+    if pairwise:
+        for side in ("a", "b"):
+            if not {f"answer_{side}", f"completion_{side}"} & set(names):
+                raise ConfigError(f"{key} never shows the judge reply {side}: it needs {{answer_{side}}} or "
+                                  f"{{completion_{side}}}")
+    elif not set(names) & set(SHOWN):
         raise ConfigError(f"{key} shows the judge nothing to judge: it needs {{completion}}, {{answer}} or {{prompt}}")
     if "verdict" not in names:
         raise ConfigError(f"{key} never tells the judge how to write its score: add the {{verdict}} field")

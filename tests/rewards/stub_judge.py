@@ -27,6 +27,9 @@ class StubJudge:
         self.script = list(script or [])
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        """The most POSTs the server was answering at once."""
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
@@ -62,6 +65,16 @@ class StubJudge:
                 self._send(200, json.dumps({"data": [{"id": "judge"}]}).encode())
 
             def do_POST(self) -> None:
+                with stub.lock:
+                    stub.in_flight += 1
+                    stub.most_in_flight = max(stub.most_in_flight, stub.in_flight)
+                try:
+                    self._answer()
+                finally:
+                    with stub.lock:
+                        stub.in_flight -= 1
+
+            def _answer(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 body["authorization"] = self.headers.get("Authorization")
                 action = stub._next(body)

@@ -28,9 +28,8 @@ def test_the_judge_sends_the_rubric_and_parses_the_reply():
     with StubJudge(grade) as stub:
         verdicts = judge(stub.url, "reward.model=grader").score([ITEM, Judged("agent", "p", "#### U", "U")])
     assert [(v.score, v.failure, v.tokens) for v in verdicts] == [(0.8, "", 7), (0.2, "", 7)]
-    sent = stub.requests[0]
+    sent = next(r for r in stub.requests if "Answer given: RR" in r["messages"][0]["content"])  # sent concurrently
     assert sent["model"] == "grader" and sent["temperature"] == 0.0 and sent["max_tokens"] == 64
-    assert "Answer given: RR" in sent["messages"][0]["content"]
     assert "Score: <0-10>" in sent["messages"][0]["content"]
 
 
@@ -92,11 +91,9 @@ def test_a_down_server_fails_every_call_and_is_counted():
 
 
 def test_many_prompts_go_out_concurrently():
-    with StubJudge(grade, [("sleep", 0.4)] * 4) as stub:
-        t0 = time.perf_counter()
-        verdicts = judge(stub.url, "reward.concurrency=4").score([ITEM] * 4)
-        took = time.perf_counter() - t0
-    assert [v.score for v in verdicts] == [0.8] * 4 and took < 1.2
+    with StubJudge(grade, [("sleep", 0.5)] * 4) as stub:
+        verdicts = judge(stub.url, "reward.concurrency=3").score([ITEM] * 4)
+    assert [v.score for v in verdicts] == [0.8] * 4 and 2 <= stub.most_in_flight <= 3  # at most the concurrency
 
 
 def test_an_unreachable_judge_url_is_refused_at_start():

@@ -101,3 +101,70 @@ def test_the_cache_keeps_the_most_recent_pairs():
     applier.apply([row("#### 3")])  # evicts 2
     applier.apply([row("#### 1"), row("#### 2")])
     assert [j.answer for j in model.asked] == ["1", "2", "3", "2"]
+
+
+class Preferring(RewardModel):
+    """Pairwise: prefers the larger answer; ``first`` adds a bias toward the reply shown first (a tie becomes a
+    first-position win)."""
+
+    def __init__(self, first: bool = False):
+        self.first = first
+        self.asked: list[Judged] = []
+
+    def score(self, items: list[Judged]) -> list[Verdict]:
+        self.asked += items
+        out = []
+        for i in items:
+            a, b = int(i.answer), int(i.rival_answer)
+            out.append(Verdict(0.0 if (a > b or (self.first and a == b) or (self.first and b - a == 1)) else
+                               1.0 if b > a else 0.5, "", 1))
+        return out
+
+
+def pairwise(model: RewardModel, **changes) -> ModelRewards:
+    cfg = OmegaConf.create({"roles": ["solver"], "weight": 1.0, "program_weight": 0.0, "invalid": -0.5,
+                            "max_calls": 0, "cache_size": 100, "agreement_threshold": 0.5, "pairwise": True,
+                            "pairs": "all", "swap": True, **changes})
+    parse = lambda text: text.rsplit("####", 1)[1].strip() if "####" in text else None  # noqa: E731
+    return ModelRewards(cfg, model, parse, {"shared": TOKENIZER})
+
+
+def test_pairwise_scores_are_shares_of_wins_within_a_group():
+    model = Preferring()
+    rows = [row("#### 1"), row("#### 3"), row("#### 2"), row("#### 3")]
+    stats = pairwise(model).apply(rows)
+    # distinct replies 1, 3, 2: 3 pairs × 2 orders; 3 beats both (1.0), 2 beats 1 (0.5), 1 none (0.0)
+    assert [r.reward for r in rows] == [0.0, 1.0, 0.5, 1.0]
+    assert stats["judge/calls"] == 6 and stats["judge/first_position_rate"] == 0.5
+    assert stats["judge/swap_consistency"] == 1.0
+    assert {(j.answer, j.rival_answer) for j in model.asked} == {("1", "3"), ("3", "1"), ("1", "2"), ("2", "1"),
+                                                                 ("3", "2"), ("2", "3")}
+
+
+def test_order_swapping_measures_and_cancels_a_position_bias():
+    rows = [row("#### 1"), row("#### 2")]
+    stats = pairwise(Preferring(first=True)).apply(rows)
+    # the judge picks whichever is shown first when they differ by 1: (1, 2) → 1 wins, (2, 1) → 2 wins
+    assert stats["judge/first_position_rate"] == 1.0 and stats["judge/swap_consistency"] == 0.0
+    assert [r.reward for r in rows] == [0.5, 0.5]  # the bias cancels
+    unswapped = [row("#### 1"), row("#### 2")]
+    pairwise(Preferring(first=True), swap=False).apply(unswapped)
+    assert [r.reward for r in unswapped] == [1.0, 0.0]  # shown first, the worse reply wins
+
+
+def test_a_ring_compares_each_reply_with_the_next_and_groups_stay_apart():
+    model = Preferring()
+    rows = [row("#### 1"), row("#### 2"), row("#### 3"), row("#### 5", prompt="other"), row("#### 4", prompt="other")]
+    for r, task in zip(rows, [0, 0, 0, 1, 1], strict=True):
+        r.task = task
+    stats = pairwise(model, pairs="ring", swap=False).apply(rows)
+    # group 0, round the ring: (1, 2) 2 wins, (2, 3) 3 wins, (3, 1) 3 wins → 1: 0 of 2, 2: 1 of 2, 3: 2 of 2;
+    # group 1 (two replies): one pair
+    assert [r.reward for r in rows[:3]] == [0.0, 0.5, 1.0] and [r.reward for r in rows[3:]] == [1.0, 0.0]
+    assert stats["judge/calls"] == 4
+
+
+def test_a_reply_alone_in_its_group_is_uncompared():
+    rows = [row("#### 4"), row("#### 4")]
+    stats = pairwise(Preferring()).apply(rows)
+    assert [r.reward for r in rows] == [0.5, 0.5] and stats["judge/uncompared"] == 1 and stats["judge/calls"] == 0

@@ -72,3 +72,28 @@ def test_the_cli_refuses_a_bad_reward_config_with_exit_2_and_no_run_dir(tmp_path
     assert done.returncode == 2 and not (tmp_path / "run").exists()
     assert done.stderr.strip().splitlines()[-1].endswith(
         "reward.roles names planner, which workflow=single_agent does not have (its roles: agent)")
+
+
+def test_marl_train_with_a_pairwise_http_judge_logs_its_position_bias(tmp_path):
+    def prefer_first(prompt: str) -> str:
+        return "Better: 1"  # a judge that always picks the reply shown first
+
+    with StubJudge(prefer_first) as stub:
+        done = cli("train", *JUDGED, "reward=http", f"reward.url={stub.url}", "reward.pairwise=true",
+                   f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    assert "Answer 1:" in stub.requests[0]["messages"][0]["content"]
+    for step in step_records(tmp_path):
+        if step["judge/calls"]:
+            assert step["judge/first_position_rate"] == 1.0 and step["judge/swap_consistency"] == 0.0
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["reward.pair_template='Pick: {answer_a} {verdict}'"],
+     "reward.pair_template never shows the judge reply b: it needs {answer_b} or {completion_b}"),
+    (["reward.pair_verdict='Better'"],
+     "reward.pair_verdict='Better' needs exactly one {score} slot (where the judge writes its number) and no other "
+     "field, e.g. 'Score: {score}'"),
+])
+def test_a_bad_pairwise_rubric_is_refused(overrides, message):
+    assert refusal([*FAST, "reward.roles=[agent]", "reward=judge", "reward.pairwise=true", *overrides]) == message
