@@ -60,7 +60,7 @@ class LearnedConfig(RewardConfig):
     path: str | None = None  # start from a saved reward model: a run dir, a checkpoint dir or its reward_model file
     train: bool = True  # learn from each step's rows; false: frozen (a loaded one)
     learning_rate: float = bounded(1e-4, gt=0.0)  # AdamW
-    weight_decay: float = bounded(0.0, ge=0.0)
+    weight_decay: float = bounded(0.0, ge=0.0)  # AdamW weight decay
     max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
     mini_batch_size: int = bounded(32, ge=1)  # rows (scalar), pairs (bradley_terry) or episodes (progress) a step
     epochs: int = bounded(1, ge=1)  # passes over each step's rows

@@ -22,13 +22,16 @@ and the step reward the policy trains on is (``progress_rewards``)::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:  # torch loads with the functions' first call, not with the plug-ins (config checks stay light)
+    import torch
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     """−mean log σ(r⁺ − r⁻) over the pairs (``chosen[i]`` preferred to ``rejected[i]``)."""
+    import torch.nn.functional as F
+
     if chosen.shape != rejected.shape or chosen.numel() == 0:
         raise ValueError(f"Bradley–Terry needs as many chosen as rejected scores, at least one: {tuple(chosen.shape)} "
                          f"vs {tuple(rejected.shape)}")
@@ -37,11 +40,16 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Te
 
 def regression_loss(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """mean (r − y)²."""
+    import torch.nn.functional as F
+
     return F.mse_loss(scores, targets.to(scores.dtype))
 
 
 def progress_loss(contributions: Sequence[torch.Tensor], outcomes: torch.Tensor) -> torch.Tensor:
     """mean over episodes of (Σ_t c_t − R)²; ``contributions[e]`` holds episode e's c_t, ``outcomes[e]`` its R."""
+    import torch
+    import torch.nn.functional as F
+
     if len(contributions) != outcomes.numel() or not contributions:
         raise ValueError(f"{len(contributions)} episodes of contributions for {outcomes.numel()} outcomes")
     sums = torch.stack([c.sum() for c in contributions])
