@@ -48,7 +48,7 @@ def test_the_episode_group_normalises_every_turn_of_a_task_and_role_together():
 def test_the_estimator_normalises_returns_when_asked():
     rows = [_row(b, t, r) for b, t, r in [(0, 0, 0.0), (0, 1, 1.0), (1, 0, 0.0), (1, 1, 0.0), (2, 0, 1.0)]]
     cfg = SimpleNamespace(turn_credit="return", gamma=0.9, norm_group="turn", norm_by_std=True, std_eps=0.0,
-                          filter="none")
+                          filter="none", batch_roles=[])
     _, stats = grpo_estimator(rows, cfg, None)
     returns = [0.9, 1.0, 0.0, 0.0, 1.0]  # turn 0: 0.9, 0, 1 (mean 19/30); turn 1: 1, 0
     mean = sum(returns[i] for i in (0, 2, 4)) / 3

@@ -30,7 +30,7 @@ def test_group_options_without_schemas_and_experiments_folder_by_folder():
     assert query("marl train rollout=") == ["rollout=hf", "rollout=vllm"]
     assert query("marl train experiment=") == ["experiment=cory/", "experiment=embedded", "experiment=envs/",
                                               "experiment=hetero/", "experiment=paper/", "experiment=toy/"]
-    assert query("marl train experiment=toy/ta") == ["experiment=toy/table/"]
+    assert query("marl train experiment=toy/tab") == ["experiment=toy/table/"]
     assert query("marl eval experiment=toy/table/plan_path_at") == [
         "experiment=toy/table/plan_path_at_grpo_per_role", "experiment=toy/table/plan_path_at_grpo_shared"]
     assert "experiment=paper/at_grpo/" in query("marl train experiment=paper/")
@@ -60,7 +60,7 @@ def _shell(shell: str, probe: str) -> list[str]:
 def test_bash_completes_after_the_equals_sign_readline_breaks_words_at():
     probe = ('eval "$SCRIPT"; complete -p marl; '
              't() { COMP_LINE="$1"; COMP_POINT=${#1}; COMPREPLY=(); _marl; echo "${COMPREPLY[*]}"; }; '
-             't "marl train experiment=toy/ta"; t "marl train env=pl"; t "marl tr"')
+             't "marl train experiment=toy/tab"; t "marl train env=pl"; t "marl tr"')
     assert _shell("bash", probe) == ["complete -o default -o nospace -F _marl marl", "toy/table/", "plan_path",
                                      "train"]
     assert cli("train", "--shell-completion", "install=bash").stdout == cli("completion", "bash").stdout
@@ -70,7 +70,7 @@ def test_bash_completes_after_the_equals_sign_readline_breaks_words_at():
 def test_zsh_adds_whole_words_and_ends_a_finished_one():
     probe = ('compdef() { echo "compdef $*"; }; _files() { echo files; }; '
              'compadd() { echo "compadd $*"; }; eval "$SCRIPT"; '
-             'words=(marl train experiment=toy/ta); CURRENT=3; PREFIX=experiment=toy/ta; _marl; '
+             'words=(marl train experiment=toy/tab); CURRENT=3; PREFIX=experiment=toy/tab; _marl; '
              'words=(marl train env=plan); CURRENT=3; PREFIX=env=plan; _marl; '
              'words=(marl report x); CURRENT=3; PREFIX=x; _marl')
     assert _shell("zsh", probe) == ["compdef _marl marl", "compadd -S  -- experiment=toy/table/", "compadd --",
