@@ -173,14 +173,15 @@ class MathEnv(Env):
     writes_tasks = True
 
     def parse_task(self, text: str) -> MathTask | None:
-        """``<expression> = <answer>``: an integer expression (``+ - * /``, parentheses, at least one operator, every
-        number at most ``env.max_operand``, at most ``MAX_PROPOSED`` characters) and its value, checked exactly, on
-        the training side of the embedded generator's split (a question of its held-out side is refused, so a proposer
-        cannot write an evaluation question); anything else is not a task."""
-        expr, sep, stated = text.strip().rpartition("=")
-        expr = expr.strip()
-        if not sep or len(expr) > MAX_PROPOSED or not re.fullmatch(r"[\d\s+\-*/()]+", expr) or "**" in expr \
-                or "//" in expr or not re.search(r"\d\s*[+\-*/]", expr):
+        """``<expression>`` or ``<expression> = <answer>``: an integer expression (``+ - * /``, parentheses, at least
+        one operator, every number at most ``env.max_operand``, at most ``MAX_PROPOSED`` characters); the program
+        computes its exact value, and a stated answer must be it. The question must lie on the training side of the
+        embedded generator's split (a held-out question is refused, so a proposer cannot write an evaluation
+        question); anything else is not a task."""
+        head, sep, stated = text.strip().rpartition("=")
+        expr = (head if sep else stated).strip()
+        if len(expr) > MAX_PROPOSED or not re.fullmatch(r"[\d\s+\-*/()]+", expr) or "**" in expr or "//" in expr \
+                or not re.search(r"\d\s*[+\-*/]", expr):
             return None  # `**` would let a proposal run for ever; `//` is not the family's division
         if any(int(n) > self.cfg.max_operand for n in re.findall(r"\d+", expr)):
             return None
@@ -188,14 +189,15 @@ class MathEnv(Env):
             value = fraction_text(exact_value(expr))
         except (ValueError, SyntaxError, ZeroDivisionError, TypeError):
             return None
-        if not answers_match(value, stated.strip()):
+        if sep and not answers_match(value, stated.strip()):
             return None
         expr = " ".join(re.sub(r"([+\-*/()])", r" \1 ", expr).split())
         question = f"What is {expr}?"
         return None if held_out(question) else MathTask(question, value, expr)  # the eval side is never trained on
 
     def write_task(self, task: MathTask) -> str | None:
-        return f"{task.expr} = {task.answer}" if task.expr and task.question.startswith("What is ") else None
+        """The expression alone: the program computes its answer."""
+        return task.expr if task.expr and task.question.startswith("What is ") else None
 
     def check(self, state: MathState, answer: str) -> bool:
         """Whether ``answer`` (already extracted) is the task's gold answer."""

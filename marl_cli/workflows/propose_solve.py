@@ -1,10 +1,10 @@
 """Proposer and solver (Search Self-play, arXiv 2510.18821; code Alibaba-Quark/SSP): the team writes its own tasks.
 
 Each training task of the env is a *seed*: the ``proposer`` is shown it as an example and writes a new task of the
-family (``{marker} <task>``, in the family's own notation: ``3 + 4 * 2 = 11`` for ``env=math``). It acts once per
+family (``{marker} <task>``, in the family's own notation: ``12 - 4`` for ``env=math``). It acts once per
 task, before the task's K episodes part (``Workflow.once``), so its one proposal is what all K ``solver`` episodes
 solve: the solver's K rows are a group over one question. A program checks the proposal (``Env.parse_task``: it
-parses, it can be solved, its stated answer is right — SSP's RAG check, exact here); an invalid one ends the task's
+parses, it can be solved, an answer it states is right — SSP's RAG check, exact here); an invalid one ends the task's
 episodes at once, no solver plays, and the proposer is paid ``workflow.invalid_reward``. Rewards:
 
     solver:   the env's reward for its answer (its program's verdict against the proposal's answer)

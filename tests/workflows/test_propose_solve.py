@@ -62,10 +62,11 @@ def test_the_proposer_acts_once_a_task_and_every_episode_solves_its_proposal():
     assert all(s.reward == (1.0 if s.success else 0.0) for s in solver)
 
 
-@pytest.mark.parametrize("proposal", ["#### 12 - 4 = 9", "#### 9**9**9 = 1", "#### 100 + 1 = 101", "no marker",
-                                      "#### 3+4*2 = 11"])
+@pytest.mark.parametrize("proposal", ["#### 12 - 4 = 9", "#### 9**9**9", "#### 100 + 1", "no marker", "#### 3+4*2",
+                                      "#### 12", "#### 5 / 0"])
 def test_a_proposal_the_program_rejects_ends_the_task_and_costs_the_proposer(proposal):
-    # a wrong stated answer, a power, a number above max_operand, no answer, a question of the held-out side
+    # a wrong stated answer, a power, a number above max_operand, no answer, a question of the held-out side, no
+    # operator, a division by zero
     result, gen = play(workflow(), [SEED], 3, [proposal], lambda prompt, rng: "#### 7")
     assert [s.role for s in result.samples] == ["proposer"] and gen.batches == [("proposer", 1)]
     row = result.samples[0]
@@ -93,11 +94,18 @@ def test_the_solver_answers_again_on_later_turns_the_proposer_does_not():
     assert result.episodes[0].success and result.samples[0].reward == 0.0
 
 
+def test_an_expression_alone_is_a_task_whose_answer_the_program_computes():
+    result, _ = play(workflow(), [SEED], 2, ["#### 12 - 4"], lambda prompt, rng: "#### 8")
+    assert [s.role for s in result.samples] == ["proposer", "solver", "solver"]
+    assert all(s.success for s in result.samples if s.role == "solver") and result.samples[0].reward == 0.0
+
+
 def test_demonstrations_are_valid_proposals_and_oracle_answers():
     flow = workflow()
     state = flow.initial_state(SEED)
     proposal = flow.demonstration("proposer", state)
-    assert proposal.startswith("#### ") and flow.env.parse_task(flow.parse(proposal)) is not None
+    assert proposal.startswith("#### ") and "=" not in proposal
+    assert flow.env.parse_task(flow.parse(proposal)) is not None
     assert flow.demonstration("solver", state) == "#### 5"
 
 
