@@ -57,6 +57,8 @@ def test_every_group_option_composes(group, option):
         overrides.append(adapters[group, option])  # an adapter needs the user's data or environment
     if (group, option) == ("workflow", "game"):
         overrides.append("env=openspiel")
+    if (group, option) == ("workflow", "propose_solve"):
+        overrides += ["env=math", "algorithm.batch_roles=[proposer]"]  # a family whose tasks a model can write
     if group == "reward" and option != "none":
         overrides.append("reward.roles=[agent]")  # a reward model names the roles it scores
     if (group, option) == ("reward", "http"):
