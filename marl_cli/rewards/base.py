@@ -9,6 +9,8 @@ reward as the workflow's program gave it. Each step, after the rollout and befor
     reward = weight · score + program_weight · program_reward          (score in [0, 1])
 
 - every distinct (role, prompt, reply) is scored once; scores are cached across steps (``reward.cache_size``);
+  pairwise (``reward.pairwise``), a judgement is of two replies of one group and a reply's score its share of wins
+  (``pairs_of``, ``position_bias``);
 - at most ``reward.max_calls`` distinct pairs go to the model per step; a row beyond the cap gets ``reward.invalid``
   and is counted (``judge/over_cap``);
 - a reply the model could not score (no verdict line, a number out of range, a failed call) gets ``reward.invalid``
