@@ -72,6 +72,12 @@ def distances_to(grid: Grid, target: Cell) -> dict[Cell, int]:
     return dist
 
 
+def distance_info(dist: dict[Cell, int], pos: Cell) -> dict[str, float]:
+    """``{"distance": d}``: the BFS distance from ``pos`` to the goal after a step (a progress estimator's diagnostic);
+    nothing when the goal cannot be reached from there."""
+    return {"distance": float(dist[pos])} if pos in dist else {}
+
+
 def shortest_path(grid: Grid) -> list[str] | None:
     """The BFS oracle: a shortest move list from start to goal, or None when the goal is unreachable."""
     dist = distances_to(grid, grid.goal)
@@ -166,7 +172,7 @@ class PlanPathEnv(Env):
         dist = distances_to(grid, grid.goal)
         if moves is None:
             return Transition(replace(state, actions=actions, done=last), cfg.format_penalty, done=last, success=False,
-                              format_ok=False, info={"invalid_moves": 0, "moves": 0, "distance": dist[pos]})
+                              format_ok=False, info={"invalid_moves": 0, "moves": 0, **distance_info(dist, pos)})
         reward, invalid, made = 0.0, 0, state.moves_made
         for move in moves[: self.max_moves]:
             dr, dc = MOVES[move]
@@ -189,4 +195,4 @@ class PlanPathEnv(Env):
         done = success or last
         new_state = PlanPathState(grid=grid, pos=pos, moves_made=made, actions=actions, done=done, success=success)
         return Transition(new_state, reward, done=done, success=success, format_ok=True,
-                          info={"invalid_moves": invalid, "moves": len(moves), "distance": dist[pos]})
+                          info={"invalid_moves": invalid, "moves": len(moves), **distance_info(dist, pos)})

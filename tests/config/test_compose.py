@@ -241,7 +241,7 @@ def test_a_plug_in_option_whose_module_is_not_loaded_names_what_to_load(tmp_path
                                           r"add its config dir with --config-dir and its module with MARL_PLUGINS\)$"):
         check_overrides("train", ["env=ghost"])  # nor its config dir
     with pytest.raises(ConfigError, match=r"^experiment=toy/nope: no such option; choose from: "
-                                          r"toy/.*, toy/table/, toy/values/$"):
+                                          r"toy/.*, toy/table/, toy/tasks/, toy/values/$"):
         check_overrides("train", ["experiment=toy/nope"])
     with pytest.raises(ConfigError, match=r"^env.name='ghost' is not registered; choose from: .* \(a plug-in's\? "
                                           r"name its module in MARL_PLUGINS\)$"):
