@@ -200,6 +200,11 @@ def judged_rows(rows: list[Sample], roles: Any) -> list[Sample]:
     return [row for row in rows if row.role in roles and row.completion_ids]
 
 
+def reply_group(row: Sample) -> tuple[int, int, str, int]:
+    """The replies a reply is compared with (pairwise judges, Bradley–Terry pairs): one task, turn, role and segment."""
+    return (row.task, row.turn, row.role, row.segment)
+
+
 def agreement(scores: list[float], rows: list[Sample], threshold: float) -> dict[str, float]:
     """``judge/agreement``: the share of ``rows`` whose score's verdict (≥ ``threshold``) is the program's."""
     if not rows:
@@ -297,7 +302,7 @@ class ModelRewards(Rewarder):
         every comparison failed, None."""
         groups: dict[tuple[int, int, str, int], list[Key]] = defaultdict(list)
         for row, key in zip(rows, keys, strict=True):
-            groups[row.task, row.turn, row.role, row.segment].append(key)
+            groups[reply_group(row)].append(key)
         comparisons = [pair for members in groups.values() for pair in pairs_of(list(dict.fromkeys(members)),
                                                                                 self.cfg.pairs, self.cfg.swap)]
         asked = [(a[0], a[1], a[2], b[2]) for a, b in comparisons]

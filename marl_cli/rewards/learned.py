@@ -40,7 +40,7 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig, bounded, choices
 from marl_cli.config.team import MODEL_KEYS, merged, policy_model
 from marl_cli.core.samples import Sample
-from marl_cli.rewards.base import REWARDS, RewardConfig, Rewarder, agreement, judged_rows, rewrite
+from marl_cli.rewards.base import REWARDS, RewardConfig, Rewarder, agreement, judged_rows, reply_group, rewrite
 
 FILE = "reward_model.safetensors"
 """The learned reward model's weights in a checkpoint (trunk and head)."""
@@ -284,7 +284,7 @@ def preference_pairs(rows: list[Sample], labels: list[float]) -> list[tuple[int,
     """(better, worse) row indices of every pair in a group (task, turn, role, segment) whose labels differ."""
     groups: dict[tuple[int, int, str, int], list[int]] = defaultdict(list)
     for i, row in enumerate(rows):
-        groups[row.task, row.turn, row.role, row.segment].append(i)
+        groups[reply_group(row)].append(i)
     pairs = []
     for members in groups.values():
         for a in members:
@@ -342,11 +342,12 @@ class ProgressRewards(LearnedRewards):
 
 
 def role_episodes(rows: list[Sample]) -> list[list[Sample]]:
-    """Each role's rows of each episode (task, branch, role, segment), in turn order."""
-    episodes: dict[tuple[int, int, str, int], list[Sample]] = defaultdict(list)
-    for row in rows:
-        episodes[row.task, row.branch, row.role, row.segment].append(row)
-    return [sorted(rows_of, key=lambda r: r.turn) for _, rows_of in sorted(episodes.items())]
+    """Each role's rows of each episode (``algorithms.grpo.role_episodes``), in turn order, episodes by (task,
+    branch, role, segment)."""
+    from marl_cli.algorithms.grpo import role_episodes as indices
+
+    episodes = [[rows[i] for i in idx] for idx in indices(rows)]
+    return sorted(episodes, key=lambda e: (e[0].task, e[0].branch, e[0].role, e[0].segment))
 
 
 def outcome(rows: list[Sample], kind: str) -> float:
@@ -357,7 +358,13 @@ def outcome(rows: list[Sample], kind: str) -> float:
 
 
 def _mse(contributions: list[list[float]], outcomes: list[float]) -> float:
-    return sum((sum(c) - r) ** 2 for c, r in zip(contributions, outcomes, strict=True)) / len(outcomes)
+    """``progress_loss`` of plain numbers (the step's loss before and after its fit, for the log)."""
+    import torch
+
+    from marl_cli.rewards.losses import progress_loss
+
+    parts = [torch.tensor(c, dtype=torch.float64) for c in contributions]
+    return float(progress_loss(parts, torch.tensor(outcomes, dtype=torch.float64)))
 
 
 def distance_correlation(episodes: list[list[Sample]], contributions: list[list[float]]) -> dict[str, float]:

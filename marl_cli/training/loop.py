@@ -33,7 +33,7 @@ from marl_cli.critics.phase import CriticPhase
 from marl_cli.policies.regime import Policy, checkpoint_adapters
 from marl_cli.policies.roles import sub_roles
 from marl_cli.provenance import run_provenance
-from marl_cli.rewards import ModelRewards, build_rewards
+from marl_cli.rewards import Rewarder, build_rewards
 from marl_cli.store import build_store
 from marl_cli.tracking.completions import completion_records
 from marl_cli.tracking.tracker import LogFile, Tracker, write_json
@@ -79,7 +79,7 @@ class Trainer:
         self.trainers: dict[str, PolicyTrainer] = {}
         self.critics = CriticPhase(cfg, run.world) if CRITICS.get(cfg.critic.name).level else None
         """The run's value models (``critic``), or None (a critic-free algorithm)."""
-        self.rewards: ModelRewards | None = None
+        self.rewards: Rewarder | None = None
         """The run's reward model over its rows (``reward``; built by ``prepare``), or None (the program's rewards)."""
         if self.critics is not None:
             self.critics.check_tokenizers(run.policies)
