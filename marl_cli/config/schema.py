@@ -147,7 +147,7 @@ class MathConfig(EnvConfig):
     train: MathSourceConfig = field(default_factory=MathSourceConfig)  # training and warm-start tasks
     eval: MathSourceConfig = field(default_factory=MathSourceConfig)  # held-out tasks (embedded: disjoint questions)
     max_operand: int = 20  # embedded problems: largest number drawn (difficulty)
-    kinds: list[str] = field(default_factory=lambda: ["arithmetic", "word", "linear"])  # embedded problem kinds
+    kinds: list[str] = field(default_factory=lambda: ["arithmetic", "word", "linear"])  # also add_sub
     correct_reward: float = 1.0  # the answer equals the gold answer (ends the episode)
     wrong_reward: float = 0.0  # a readable answer that is wrong
     format_penalty: float = -1.0  # no answer, or one Math-Verify cannot read (below a wrong answer)

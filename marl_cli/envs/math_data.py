@@ -22,7 +22,7 @@ from typing import Any
 
 from marl_cli.envs.sources import cell_text, field_value, iter_rows, pick_field, read_source, usable_pairs
 
-KINDS = ("arithmetic", "word", "linear")
+KINDS = ("arithmetic", "add_sub", "word", "linear")
 HOLDOUT_BUCKETS = 8
 """One question in ``HOLDOUT_BUCKETS`` (by hash) is held out for evaluation; the others are for training."""
 
@@ -71,6 +71,13 @@ def _arithmetic(rng: random.Random, m: int) -> tuple[str, str]:
     return f"What is {expr}?", expr
 
 
+def _add_sub(rng: random.Random, m: int) -> tuple[str, str]:
+    """One addition or subtraction of two operands up to ``m`` (never negative): the easiest kind."""
+    a, b = rng.randint(1, m), rng.randint(1, m)
+    expr = f"{a} + {b}" if rng.random() < 0.5 else f"{max(a, b)} - {min(a, b)}"
+    return f"What is {expr}?", expr
+
+
 def _word(rng: random.Random, m: int) -> tuple[str, str]:
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
     a, b = rng.randint(1, m), rng.randint(2, max(2, m))
@@ -96,7 +103,7 @@ def _linear(rng: random.Random, m: int) -> tuple[str, str]:
     return f"Solve {a}x - {b} = {c}.", f"({c} + {b}) / {a}"
 
 
-_MAKERS = {"arithmetic": _arithmetic, "word": _word, "linear": _linear}
+_MAKERS = {"arithmetic": _arithmetic, "add_sub": _add_sub, "word": _word, "linear": _linear}
 
 
 def generate(seed: int, max_operand: int, kinds: list[str], holdout: bool) -> MathTask:
