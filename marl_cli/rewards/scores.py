@@ -89,6 +89,10 @@ class Scale:
         before, after = self.verdict.split("{score}")
         return re.compile(re.escape(before.strip()) + r"\s*" + _NUMBER + r"\s*" + re.escape(after.strip()))
 
+    def line(self, value: float) -> str:
+        """The verdict line with ``value`` in its slot, as a judge writes it (a demonstration's)."""
+        return self.verdict.replace("{score}", _plain(value))
+
     def parse(self, reply: str) -> tuple[float | None, str]:
         """The reply's score in [0, 1] and ``""``; or None and why not: ``"parse"`` (no verdict line) or
         ``"range"`` (its number outside [low, high])."""

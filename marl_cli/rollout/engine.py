@@ -186,9 +186,7 @@ class Rollout:
     def _followers(self, role: str, live: list[Episode], acting: list[Episode]) -> dict[int, list[Episode]]:
         """For a role that acts once per task (``workflow.once``): the task's other live episodes, which take the
         state its one action leads to; none for other roles."""
-        if role not in self.workflow.once:
-            return {}
-        leaders = {ep.task: ep for ep in acting}
+        leaders = {ep.task: ep for ep in acting if self.workflow.once_per_task(role, ep.state)}
         out: dict[int, list[Episode]] = defaultdict(list)
         for ep in live:
             if ep.task in leaders and ep is not leaders[ep.task]:
@@ -207,7 +205,7 @@ class Rollout:
             actor = scripted_actor(self.routing[role])
             seen: set[int] = set()
             for ep in live:
-                if not workflow.acting(role, ep.state) or (role in workflow.once and ep.task in seen):
+                if not workflow.acting(role, ep.state) or (workflow.once_per_task(role, ep.state) and ep.task in seen):
                     continue
                 seen.add(ep.task)
                 if actor is not None:
@@ -244,9 +242,10 @@ def row_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
     return metrics
 
 
-def rollout_metrics(result: RolloutResult, prefix: str) -> dict[str, float]:
-    """Per-agent metrics (``row_metrics``) plus episode-level success, turns and generate calls."""
-    metrics = row_metrics(result.samples, prefix)
+def rollout_metrics(result: RolloutResult, prefix: str, workflow: Workflow) -> dict[str, float]:
+    """Per-agent metrics (``row_metrics``), the workflow's own (``Workflow.step_metrics``), plus episode-level
+    success, turns and generate calls."""
+    metrics = {**row_metrics(result.samples, prefix), **workflow.step_metrics(result.samples, prefix)}
     eps = result.episodes
     metrics[f"{prefix}/success"] = sum(ep.success for ep in eps) / len(eps)
     metrics[f"{prefix}/turns"] = sum(ep.turns for ep in eps) / len(eps)

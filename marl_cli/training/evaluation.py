@@ -75,7 +75,7 @@ def evaluate(run: Run, prefix: str = "eval", samples: int = 1, pass_k: tuple[int
     start_time = time.perf_counter()
     tasks = [workflow.env.task("eval", i) for i in range(size)]
     played = play_tasks(run, rollout, tasks, samples, prefix)
-    metrics = rollout_metrics(played, prefix)
+    metrics = rollout_metrics(played, prefix, workflow)
     metrics.pop(f"{prefix}/generate_calls")
     metrics[f"{prefix}/tasks"] = float(size)
     metrics[f"{prefix}/{workflow.env.cfg.name}/success"] = metrics[f"{prefix}/success"]

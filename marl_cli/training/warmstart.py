@@ -28,7 +28,7 @@ from marl_cli.rollout.generation import Sampling
 from marl_cli.tracking.console import draws_bars
 from marl_cli.training.build import build_team, init_seed, sampling_from
 from marl_cli.training.learner.trl_args import SFTConfig, SFTTrainer, checkpointing_off
-from marl_cli.workflows.base import Workflow
+from marl_cli.workflows.base import TeamState, Workflow
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
     """``num_examples`` prompt/completion pairs per role, from the oracle playing whole warm-start episodes.
 
     The oracle's answer for every role is played through the workflow (tool code runs in the
-    sandbox), so later roles and turns see the states the team actually reaches. Every role gets
+    sandbox), so later roles and turns see the states the team actually reaches; a role is also taught in the
+    workflow's ``practice_states`` (a judge shown a wrong answer), which are not played. Every role gets
     the same number of demonstrations, so a policy serving two roles trains on twice as many.
     Warm-start tasks are disjoint from RL and eval tasks. Prompts are formatted by ``sampling`` (the
     run's training sampling: chat template, each role's system message), as rollouts format them.
@@ -62,8 +63,8 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
                     demos = [(i, d) for i, d in demos if d is not None]
                     if role in pairs:
                         as_seen = sampling.for_role(role)  # prompts exactly as rollouts format them
-                        pairs[role] += [(as_seen.prompt(policy.tokenizer, workflow.prompt(role, start[i])), demo)
-                                        for i, demo in demos]
+                        pairs[role] += [(as_seen.prompt(policy.tokenizer, workflow.prompt(role, s)), demo)
+                                        for s, demo in _taught(workflow, role, [(start[i], d) for i, d in demos])]
                     outcomes = workflow.act_many(role, [(states[i], demo) for i, demo in demos])
                     states = list(states)
                     for (i, _), out in zip(demos, outcomes, strict=True):
@@ -74,6 +75,18 @@ def demonstrations(workflow: Workflow, roles: list[str], num_examples: int,
                             states[i] = replace(states[i], done=True)
     chosen = [pair for role in roles for pair in pairs[role][:num_examples]]
     return Dataset.from_dict({"prompt": [p for p, _ in chosen], "completion": [c for _, c in chosen]})
+
+
+def _taught(workflow: Workflow, role: str, demos: list[tuple[TeamState, str]]) -> list[tuple[TeamState, str]]:
+    """The (state, demonstration) pairs played, each followed by the workflow's practice states for it."""
+    out = []
+    for state, demo in demos:
+        out.append((state, demo))
+        for practice in workflow.practice_states(role, state):
+            answer = workflow.demonstration(role, practice)
+            if answer is not None:
+                out.append((practice, answer))
+    return out
 
 
 class ProgressLog(TrainerCallback):

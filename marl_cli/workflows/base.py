@@ -11,7 +11,9 @@ is the environment's score of the state the action leads to (``Env.score``: 1 wh
 
 from __future__ import annotations
 
+import random
 import re
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -21,7 +23,7 @@ from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
 from marl_cli.core.samples import Sample
-from marl_cli.envs.base import Env
+from marl_cli.envs.base import EVAL_SEED_BASE, Env
 from marl_cli.sandbox import SandboxResult
 
 
@@ -125,13 +127,16 @@ class Workflow(ABC):
     def initial_state(self, task: Any) -> TeamState:
         return TeamState(self.env.initial_state(task))
 
-    def render(self, role: str, state: TeamState, extra: Mapping[str, str] | None = None) -> str:
-        """``role``'s template (``workflow.prompts[role]`` or ``workflow.prompt``) filled from ``state``.
+    def render(self, role: str, state: TeamState, extra: Mapping[str, str] | None = None,
+               template: str | None = None) -> str:
+        """``template`` (by default ``role``'s: ``workflow.prompts[role]`` or ``workflow.prompt``) filled from
+        ``state``.
 
         Fields: ``{rules}``, ``{observation}``, ``{marker}``, ``{role}``, for every role ``{<role>}``:
         that role's latest note (``none`` before it has acted), and the workflow's ``extra`` fields.
         """
-        template = self.cfg.prompts.get(role, self.cfg.prompt)
+        if template is None:
+            template = self.cfg.prompts.get(role, self.cfg.prompt)
         fields = {r: "none" for r in self.roles}
         fields.update(state.notes)
         fields.update(rules=self.env.rules(), observation=self.env.observe(state.env), marker=self.cfg.answer_marker,
@@ -187,6 +192,35 @@ class Workflow(ABC):
     def prompt(self, role: str, state: TeamState) -> str:
         """The prompt ``role`` sees in ``state``: its template rendered from the state."""
         return self.render(role, state)
+
+    def once_per_task(self, role: str, state: TeamState) -> bool:
+        """Whether ``role``'s action in ``state`` is its one action for every episode of the task (``once``: a
+        proposer's; a judge grading the proposal, not the answers, decides it per state)."""
+        return role in self.once
+
+    def practice_states(self, role: str, state: TeamState) -> list[TeamState]:
+        """States beside ``state`` in which the warm start also teaches ``role``'s demonstration, without playing
+        them (none by default; a judge is shown wrong answers as well as the oracle's right ones)."""
+        return []
+
+    def another_task(self, state: TeamState) -> Any:
+        """Another training-side task of the env's family, drawn from ``state``'s text (the same text, the same
+        task): demonstrations that must differ from what the state shows."""
+        seed = zlib.crc32(self.env.observe(state.env).encode())
+        return self.env.make_task(random.Random(seed).randrange(EVAL_SEED_BASE))
+
+    def wrong_answer(self, state: TeamState) -> str | None:
+        """An answer the env's program rejects in ``state`` (the oracle's answer to ``another_task``), or None when
+        that one is right."""
+        other = self.env.oracle(self.env.initial_state(self.another_task(state)))
+        if other is None or self.env.step(state.env, other).success:
+            return None
+        return other
+
+    def step_metrics(self, rows: list[Sample], prefix: str) -> dict[str, float]:
+        """Metrics of a rollout's rows beyond the per-agent ones (none by default; a judged workflow logs its
+        judge's agreement with the program)."""
+        return {}
 
     def acting(self, role: str, state: TeamState) -> bool:
         """Whether ``role`` acts in ``state`` when its stage comes (always, unless a workflow decides per state)."""

@@ -20,8 +20,6 @@ so held-out accuracy measures the solver on questions nobody in the team wrote.
 
 from __future__ import annotations
 
-import random
-import zlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +27,6 @@ from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import WorkflowConfig, choices
 from marl_cli.core.samples import Sample
 from marl_cli.envs import ENVS
-from marl_cli.envs.base import EVAL_SEED_BASE
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 ProposerReward = choices("ProposerReward", "one_minus_success", "intermediate", module=__name__)
@@ -44,18 +41,28 @@ class ProposeSolveConfig(WorkflowConfig):
     invalid_reward: float = -1.0  # a proposal the family's program rejects (SSP's format penalty)
 
 
-def check_propose_solve(cfg: Any) -> None:
-    """The env writes tasks, rollouts are independent, and the proposer has a baseline across tasks."""
+def check_self_made(cfg: Any, once: list[str]) -> None:
+    """The env writes tasks, rollouts are independent, and the roles of ``once`` (one row a task) have a baseline
+    across tasks."""
+    name = cfg.workflow.name
     if not ENVS.get(cfg.env.name).writes_tasks:
         writers = sorted(n for n in ENVS.names() if ENVS.get(n).writes_tasks)
-        raise ConfigError(f"workflow=propose_solve needs an env whose tasks a model can write; env={cfg.env.name} "
+        raise ConfigError(f"workflow={name} needs an env whose tasks a model can write; env={cfg.env.name} "
                           f"cannot (choose from: {', '.join(writers)})")
     if cfg.algorithm.mode == "tree":
-        raise ConfigError("workflow=propose_solve needs algorithm.mode=independent: the solver's K episodes of a "
+        raise ConfigError(f"workflow={name} needs algorithm.mode=independent: the solver's K episodes of a "
                           "task share the proposer's one proposal")
-    if "proposer" not in (cfg.algorithm.get("batch_roles") or []):
-        raise ConfigError("workflow=propose_solve: the proposer writes one row a task, so its baseline is across "
-                          "tasks: set algorithm.batch_roles=[proposer] (algorithm=grpo or at_grpo)")
+    missing = [role for role in once if role not in (cfg.algorithm.get("batch_roles") or [])]
+    if missing:
+        acts = "acts" if len(missing) == 1 else "act"
+        raise ConfigError(f"workflow={name}: the {' and '.join(missing)} {acts} once a task (one row each), so the "
+                          f"baseline is across tasks: set algorithm.batch_roles=[{', '.join(once)}] "
+                          "(algorithm=grpo or at_grpo)")
+
+
+def check_propose_solve(cfg: Any) -> None:
+    """``check_self_made`` for the proposer."""
+    check_self_made(cfg, ["proposer"])
 
 
 @WORKFLOWS.register("propose_solve", schema=ProposeSolveConfig, check=check_propose_solve)
@@ -64,12 +71,14 @@ class ProposeSolveWorkflow(Workflow):
 
     once = ("proposer",)
     train_only = ("proposer",)
+    role_lists: tuple[list[str], ...] = (ROLES,)
+    """The roles the workflow accepts, in order."""
 
     def __init__(self, cfg: Any, env: Any):
         super().__init__(cfg, env)
-        if self.roles != ROLES:
-            raise ConfigError(f"workflow=propose_solve has the roles [proposer, solver] in that order, got "
-                              f"{self.roles}")
+        if self.roles not in self.role_lists:
+            allowed = " or ".join(f"[{', '.join(roles)}]" for roles in self.role_lists)
+            raise ConfigError(f"workflow={cfg.name} has the roles {allowed} in that order, got {self.roles}")
 
     def stages(self, turn: int) -> list[list[str]]:
         """The proposer at the first turn, then the solver (only the solver's later answers fill later turns)."""
@@ -102,12 +111,22 @@ class ProposeSolveWorkflow(Workflow):
             row.reward = reward
             row.info["solve_rate"] = s
 
+    def step_metrics(self, rows: list[Sample], prefix: str) -> dict[str, float]:
+        """The share of proposals the program accepted and the mean solve rate of the accepted ones."""
+        proposals = [row for row in rows if row.role == "proposer"]
+        if not proposals:
+            return {}
+        valid = [row for row in proposals if row.info.get("valid") == 1.0]
+        metrics = {f"{prefix}/proposer/valid": len(valid) / len(proposals)}
+        if valid:
+            metrics[f"{prefix}/proposer/solve_rate"] = sum(row.info["solve_rate"] for row in valid) / len(valid)
+        return metrics
+
     def demonstration(self, role: str, state: TeamState) -> str | None:
         """The proposer: another task of the family (drawn from the seed's own text, so demonstrations differ from
         their example); the solver: the env's oracle answer."""
         if role == "proposer":
-            seed = zlib.crc32(self.env.observe(state.env).encode())
-            written = self.env.write_task(self.env.make_task(random.Random(seed).randrange(EVAL_SEED_BASE)))
+            written = self.env.write_task(self.another_task(state))
             return None if written is None else self.format_answer(written)
         answer = self.env.oracle(state.env)
         return None if answer is None else self.format_answer(answer)

@@ -48,7 +48,7 @@ def test_a_scripted_roles_rows_carry_its_pseudo_policy_no_ids_and_make_no_genera
     assert all(s.policy == "tool" and s.completion_ids for s in tool)
     assert all(s.success and s.format_ok for s in plan)  # the oracle's plan solves the real grid
     assert all(ep.success and ep.turns == 1 for ep in result.episodes)
-    metrics = rollout_metrics(result, "train")
+    metrics = rollout_metrics(result, "train", workflow)
     assert metrics["train/plan/success"] == 1.0 and metrics["train/plan/completion_tokens"] == 0.0
     records = completion_records(result.samples, {"tool": NoTokens(), "scripted:oracle": NoTokens()}, 1, "train", 2)
     assert {r["policy"] for r in records if r["role"] == "plan"} == {"scripted:oracle"}

@@ -37,7 +37,7 @@ def test_one_batched_call_per_policy_turn_and_rows(tmp_path):
     prompts = {s.task: s.prompt_ids for s in result.samples}
     assert all(s.prompt_ids == prompts[s.task] for s in result.samples)  # a group shares one prompt
     assert all(1 <= len(s.completion_ids) <= 6 for s in result.samples)
-    metrics = rollout_metrics(result, "train")
+    metrics = rollout_metrics(result, "train", workflow)
     assert metrics["train/generate_calls"] == 1
     assert 0 <= metrics["train/agent/format_failure"] <= 1
 
@@ -122,7 +122,7 @@ def test_timeout_is_not_a_success(tmp_path):
     result = Rollout(workflow, _names("shared"), {"tool": "shared", "plan": "shared"}, gen, Sampling(1.0),
                      mode="tree").play(tasks, 2)
     assert all(ep.turns == 2 and ep.done and not ep.success for ep in result.episodes)
-    assert rollout_metrics(result, "train")["train/success"] == 0.0
+    assert rollout_metrics(result, "train", workflow)["train/success"] == 0.0
 
 
 def test_generate_calls_per_stage_equal_the_policies_acting_whatever_the_task_count(tmp_path):

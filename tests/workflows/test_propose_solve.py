@@ -123,7 +123,7 @@ def test_batch_roles_give_the_proposer_one_baseline_across_tasks():
     (["workflow=propose_solve", "env=plan_path"],
      "workflow=propose_solve needs an env whose tasks a model can write; env=plan_path cannot (choose from: math)"),
     (["workflow=propose_solve", "env=math"],
-     "workflow=propose_solve: the proposer writes one row a task, so its baseline is across tasks: set "
+     "workflow=propose_solve: the proposer acts once a task (one row each), so the baseline is across tasks: set "
      "algorithm.batch_roles=[proposer] (algorithm=grpo or at_grpo)"),
     (["workflow=propose_solve", "env=math", "algorithm=at_grpo", "algorithm.mode=tree",
       "algorithm.batch_roles=[proposer]"],

@@ -53,7 +53,7 @@ class RolloutRows:
         result = run.play(tasks, play)
         run.staleness.stamp(result.samples, step - 1)  # played from the newest weights
         rng.setstate(run.world.from_main(rng.getstate()))  # the ranks shuffle and select alike from here on
-        metrics.update(rollout_metrics(result, "train"))
+        metrics.update(rollout_metrics(result, "train", self.run.workflow))
         metrics.update(self.after_rollout(step, result.samples))
         return result.samples, None, metrics
 
@@ -112,7 +112,7 @@ class AsyncRows(RolloutRows):
         played = self.ahead.pop(step, None) or self.worker.receive(step)
         metrics = {"async/wait_s": time.perf_counter() - t0, "async/worker_rollout_s": played.seconds}
         result = gathered(self.run.world, played.result)
-        metrics.update(rollout_metrics(result, "train"))
+        metrics.update(rollout_metrics(result, "train", self.run.workflow))
         return result.samples, None, metrics
 
     def start(self, policies: dict[str, Policy]) -> None:
