@@ -59,6 +59,8 @@ def test_every_group_option_composes(group, option):
         overrides.append("env=openspiel")
     if (group, option) == ("workflow", "propose_solve"):
         overrides += ["env=math", "algorithm.batch_roles=[proposer]"]  # a family whose tasks a model can write
+    if (group, option) == ("workflow", "propose_solve_judge"):
+        overrides += ["env=math", "algorithm.batch_roles=[proposer,judge]"]
     if group == "reward" and option != "none":
         overrides.append("reward.roles=[agent]")  # a reward model names the roles it scores
     if (group, option) == ("reward", "http"):
