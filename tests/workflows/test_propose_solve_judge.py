@@ -151,3 +151,14 @@ def test_marl_train_runs_the_three_roles(tmp_path):
     assert done.returncode == 0, done.stderr
     step = step_records(tmp_path)[0]
     assert {"train/proposer/reward", "train/judge/reward", "train/solver/reward", "train/proposer/valid"} <= set(step)
+
+
+def test_the_warm_start_teaches_the_judge_right_and_wrong_answers_half_and_half():
+    from marl_cli.training.warmstart import demonstrations
+
+    flow = workflow(roles=("solver", "judge"))
+    data = demonstrations(flow, ["solver", "judge"], 20, Sampling(0.0, use_chat_template=False),
+                          SimpleNamespace(tokenizer=None), chunk=10)
+    verdicts = [c for c in data["completion"] if c.startswith("Score: ")]
+    assert len(data) == 40 and len(verdicts) == 20
+    assert verdicts.count("Score: 10") == verdicts.count("Score: 0") == 10  # each right answer beside a wrong one
