@@ -19,6 +19,7 @@ only if it *ends* on the goal.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections import deque
@@ -158,6 +159,35 @@ class PlanPathEnv(Env):
     def oracle(self, state: PlanPathState) -> str | None:
         path = shortest_path(replace(state.grid, start=state.pos))
         return None if path is None else " ".join(path)
+
+    writes_tasks = True
+
+    def parse_task(self, text: str) -> Grid | None:
+        """A grid of the family's size in its own notation (``S`` start, ``G`` goal, ``#`` wall, ``.`` free; rows on
+        lines or separated by ``/``, cells by spaces or not at all): one start, one goal, the goal reachable from
+        the start (the BFS program decides), and not one of the env's held-out grids; anything else is not a task."""
+        rows = [row.replace(" ", "") for row in re.split(r"[\n/]+", text.strip()) if row.strip()]
+        size = self.cfg.size
+        if len(rows) != size or any(len(row) != size or set(row) - set("SG#.") for row in rows):
+            return None
+        cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+        starts = [cell for cell, ch in cells.items() if ch == "S"]
+        goals = [cell for cell, ch in cells.items() if ch == "G"]
+        if len(starts) != 1 or len(goals) != 1:
+            return None
+        grid = Grid(size, frozenset(cell for cell, ch in cells.items() if ch == "#"), starts[0], goals[0])
+        if shortest_path(grid) is None or grid in self._held_out():
+            return None
+        return grid
+
+    def write_task(self, task: Grid) -> str | None:
+        """The grid as ``render`` draws it, rows separated by `` / `` (one line)."""
+        return " / ".join(task.render().splitlines())
+
+    @functools.cache  # noqa: B019 (one env per run; its held-out grids are fixed)
+    def _held_out(self) -> frozenset[Grid]:
+        """The grids of the env's evaluation split (``env.eval_size`` of them): no proposal may be one."""
+        return frozenset(self.task("eval", i) for i in range(self.cfg.eval_size))
 
     def score(self, state: PlanPathState) -> float:
         dist = distances_to(state.grid, state.grid.goal)

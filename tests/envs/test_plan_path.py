@@ -169,3 +169,15 @@ def test_score_is_progress_towards_the_goal():
     assert env.score(state) == 0.0
     assert env.score(env.step(state, "D R").state) == pytest.approx(0.5)
     assert env.score(env.step(state, "D D R R").state) == 1.0
+
+
+def test_a_proposed_grid_is_a_task_when_the_program_can_solve_it_and_it_is_not_held_out():
+    env = PlanPathEnv(PlanPathConfig(size=4, eval_size=20))
+    grid = env.make_task(5)
+    assert env.parse_task(env.write_task(grid)) == grid  # the proposer's notation reads back
+    assert env.parse_task("S...\n....\n.#..\n...G") == Grid(4, frozenset({(2, 1)}), (0, 0), (3, 3))
+    assert env.parse_task("S # . . / # . . . / . . . . / . . . G") is None  # the goal cannot be reached
+    assert env.parse_task("S . . / . . . / . . G") is None  # not the family's size
+    assert env.parse_task("S . . . / . . . . / . . S . / . . . G") is None  # two starts
+    assert env.parse_task("S . . . / . x . . / . . . . / . . . G") is None  # not a cell
+    assert env.parse_task(env.write_task(env.task("eval", 3))) is None  # a held-out grid is never trained on

@@ -119,9 +119,25 @@ def test_batch_roles_give_the_proposer_one_baseline_across_tasks():
     assert [s.advantage for s in proposer] == [0.0, 0.0]  # a group of one each: no signal
 
 
+def test_a_proposed_grid_is_solved_on_plan_path():
+    from marl_cli.config.schema import PlanPathConfig
+    from marl_cli.envs.plan_path import PlanPathEnv
+
+    env = PlanPathEnv(PlanPathConfig(size=3, eval_size=5, actions_per_episode=1))
+    cfg = OmegaConf.structured(ProposeSolveConfig(name="propose_solve", roles=["proposer", "solver"], max_turns=1,
+                                                  alpha=0.0, prompts=PROMPTS))
+    flow = ProposeSolveWorkflow(cfg, env)
+    result, _ = play(flow, [env.task("train", 0)], 2, ["#### S . . / # # . / G . .", "unused"],
+                     lambda prompt, rng: "#### R R D D L L" if "G . ." in prompt else "#### U")
+    solver = [s for s in result.samples if s.role == "solver"]
+    assert len(solver) == 2 and all(s.success for s in solver)  # the proposed grid is what the solver walked
+    assert next(s for s in result.samples if s.role == "proposer").reward == 0.0  # solved by both: 1 − 1
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["workflow=propose_solve", "env=plan_path"],
-     "workflow=propose_solve needs an env whose tasks a model can write; env=plan_path cannot (choose from: math)"),
+    (["workflow=propose_solve", "env=sudoku"],
+     "workflow=propose_solve needs an env whose tasks a model can write; env=sudoku cannot (choose from: math, "
+     "plan_path)"),
     (["workflow=propose_solve", "env=math"],
      "workflow=propose_solve: the proposer acts once a task (one row each), so the baseline is across tasks: set "
      "algorithm.batch_roles=[proposer] (algorithm=grpo or at_grpo)"),
