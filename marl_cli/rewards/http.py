@@ -23,7 +23,8 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError, RunError
 from marl_cli.config.schema import bounded, choices
-from marl_cli.rewards.base import REWARDS, RubricConfig, RubricJudge, check_rubric
+from marl_cli.rewards.base import REWARDS
+from marl_cli.rewards.rubric import RubricConfig, RubricJudge, check_rubric
 
 OnError = choices("OnError", "fallback", "raise", module=__name__)
 RETRIED = (429, 500, 502, 503, 504)

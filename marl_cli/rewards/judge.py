@@ -15,7 +15,8 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import ModelConfig, bounded
-from marl_cli.rewards.base import REWARDS, RubricConfig, RubricJudge, check_rubric
+from marl_cli.rewards.base import REWARDS
+from marl_cli.rewards.rubric import RubricConfig, RubricJudge, check_rubric
 
 
 @dataclass

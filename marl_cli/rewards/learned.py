@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.schema import ModelConfig, bounded, choices
+from marl_cli.config.schema import ModelConfig, RewardConfig, bounded, choices
 from marl_cli.config.team import MODEL_KEYS, merged, policy_model
 from marl_cli.core.samples import Sample
-from marl_cli.rewards.base import REWARDS, RewardConfig, Rewarder, agreement, judged_rows, reply_group, rewrite
+from marl_cli.rewards.base import REWARDS, Rewarder, agreement, judged_rows, reply_group, rewrite
 
 FILE = "reward_model.safetensors"
 """The learned reward model's weights in a checkpoint (trunk and head)."""
