@@ -148,18 +148,18 @@ def warm_start(policy: Policy, data: Dataset, cfg: Any, output_dir: Path, seed: 
 
 
 def warm_start_key(cfg: DictConfig, roles: list[str], data: Dataset, model_cfg: Any = None) -> str:
-    """What decides a warm start's weights: the model (``model_cfg``, default the run's), env (but its eval size),
-    workflow, warm-start settings, its seed (``init_seed``), the roles, the demonstrations themselves (so a changed
-    prompt or oracle in the code is a new entry) and the versions of the libraries that train on them."""
-    parts: dict[str, Any] = {k: OmegaConf.to_container(node, resolve=True) for k, node in
-                             (("model", cfg.model if model_cfg is None else model_cfg), ("env", cfg.env),
-                              ("workflow", cfg.workflow))}
-    parts["env"].pop("eval_size", None)
+    """What decides a warm start's weights: the model (``model_cfg``, default the run's), the warm-start settings,
+    its seed (``init_seed``), the roles, the demonstrations themselves and the versions of the libraries that train on
+    them. The env and the workflow enter through the demonstrations alone (their tasks, prompts and oracle answers:
+    a changed prompt or oracle in the code is a new entry), so runs that differ only in what pays the rows (a
+    workflow's reward settings, a reward model) share one warm start."""
+    parts: dict[str, Any] = {"model": OmegaConf.to_container(cfg.model if model_cfg is None else model_cfg,
+                                                               resolve=True)}
     parts["warmstart"] = {k: v for k, v in OmegaConf.to_container(cfg.trainer.warmstart, resolve=True).items()
                           if k != "cache"}
     demos = hashlib.sha256(json.dumps(data.to_dict(), sort_keys=True).encode()).hexdigest()
-    parts.update(seed=init_seed(cfg), roles=roles, sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True),
-                 demonstrations=demos, libraries={name: version(name) for name in ("torch", "transformers", "trl")})
+    parts.update(seed=init_seed(cfg), roles=roles, demonstrations=demos,
+                 libraries={name: version(name) for name in ("torch", "transformers", "trl")})
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -140,6 +140,12 @@ def test_identical_warm_starts_run_once_with_a_cache(tmp_path):
     weights = shared["shared"].model.state_dict()
     for other in (shared_again["shared"], per_role["tool"], per_role["plan"]):
         assert all(torch.equal(weights[k], v) for k, v in other.model.state_dict().items())
+    # a run that differs only in what pays the rows (the team term's weight) warm-starts alike: a hit
+    cfg = _cfg(*few, "policy=shared", "env.eval_size=3", "workflow.alpha=0.25")
+    workflow = build_team(cfg)
+    role_map = assign_roles(cfg.policy, workflow.roles)
+    policies = build_policies(role_map, cfg.model, 0, tmp_path / "alpha", torch.device("cpu"))
+    assert warm_start_all(policies, workflow, cfg, tmp_path / "alpha", role_map)["warmstart/shared/cached"] == 1.0
     cfg = _cfg(*few, "seed=1")
     workflow = build_team(cfg)
     role_map = assign_roles(cfg.policy, workflow.roles)
