@@ -114,8 +114,8 @@ class Tracker:
         if self.wandb is not None:
             import wandb
 
-            columns = list(records[0])
-            rows = [[r[c] for c in columns] for r in records]
+            columns = list(dict.fromkeys(c for r in records for c in r))  # rows of other roles may lack some
+            rows = [[r.get(c) for c in columns] for r in records]
             self.wandb.log({table: wandb.Table(columns=columns, data=rows)}, step=step)
 
     def forget_after(self, step: int) -> int:

@@ -72,3 +72,16 @@ def test_an_offline_wandb_run_says_where_it_is_and_how_to_upload_it(tmp_path, mo
         Tracker(tmp_path, logger, {"name": "toy"}, "train")
     offline = tmp_path / "wandb" / "offline-run-x"
     assert caplog.messages == [f"W&B: offline run in {offline}; upload it with: wandb sync {offline}"]
+
+
+def test_a_wandb_table_takes_every_records_columns(tmp_path, monkeypatch):
+    """Rows of one role carry what another's lack (a judge's score on the solver's rows only): the W&B table has
+    every column, empty where a row has none (a table of the first record's columns raised KeyError)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = OmegaConf.create({"name": "wandb", "project": "p", "entity": None, "mode": "offline", "tags": [],
+                               "run_name": None, "group": None})
+    tracker = Tracker(tmp_path, logger, {"name": "toy"}, "train")
+    records = [{"role": "judge", "reward": 1.0}, {"role": "solver", "reward": 0.5, "judge_score": 0.5}]
+    tracker.log_samples(20, records, "train/completions")
+    tracker.wandb.finish()
+    assert [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == records
