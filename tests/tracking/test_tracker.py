@@ -81,7 +81,7 @@ def test_a_wandb_table_takes_every_records_columns(tmp_path, monkeypatch):
     logger = OmegaConf.create({"name": "wandb", "project": "p", "entity": None, "mode": "offline", "tags": [],
                                "run_name": None, "group": None})
     tracker = Tracker(tmp_path, logger, {"name": "toy"}, "train")
-    records = [{"role": "judge", "reward": 1.0}, {"role": "solver", "reward": 0.5, "judge_score": 0.5}]
+    records = [{"role": "solver", "reward": 0.5, "judge_score": 0.5}, {"role": "judge", "reward": 1.0}]
     tracker.log_samples(20, records, "train/completions")
     tracker.wandb.finish()
     assert [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == records
