@@ -435,7 +435,7 @@ class WarmStartConfig:
     lr_scheduler_type: SchedulerType = SchedulerType.cosine  # SFT learning-rate schedule
     warmup_ratio: float = bounded(0.05, ge=0.0, le=1.0)  # share of SFT steps spent warming up
     shared_base: bool = True  # several full-model policies: warm-start one model on every role's demos, copy it
-    cache: str | None = None  # a dir: identical warm starts (same model, env, workflow, settings, seed) run once
+    cache: str | None = None  # a dir: identical warm starts (same model, settings, seed, demonstrations) run once
     # the warm start's own seed (tiny model init, demonstration tasks, SFT order); null: the run seed. Pinned,
     # a seed sweep starts every run from one warm-started model (as the papers' seeds share one pre-trained
     # model) and the seeds vary the RL only
