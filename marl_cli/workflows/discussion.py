@@ -45,9 +45,11 @@ class DiscussionConfig(WorkflowConfig):
     verdict: str = "Score: {score}"  # the scorer's last line; {score} is where its number goes
     low: float = 1.0  # the lowest score (a fatal error)
     high: float = 3.0  # the highest (right)
-    # the templates of the three phases; fields as any prompt's plus {discussion}, {solution}, {evaluation}, {verdict}
+    # the solve turn's template; fields as any prompt's plus {discussion} (the last round's solutions, evaluations)
     solve_prompt: str = "{rules}\n{observation}\nDiscussion: {discussion}\nAnswer after {marker}.\n"
+    # the evaluate turn's template; fields as any prompt's plus {solution} (the one it evaluates)
     evaluate_prompt: str = "{observation}\nSolution: {solution}\nPoint out its errors.\n"
+    # the score turn's template; fields as any prompt's plus {solution}, {evaluation} and {verdict} (the score line)
     score_prompt: str = "{observation}\nSolution: {solution}\nEvaluation: {evaluation}\nEnd with {verdict}.\n"
 
 

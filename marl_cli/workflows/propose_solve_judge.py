@@ -58,8 +58,9 @@ class ProposeSolveJudgeConfig(WorkflowConfig):
     invalid_score: float = bounded(0.5, ge=0.0, le=1.0)  # the grade of a verdict that does not parse
     quality_threshold: float = bounded(0.7, ge=0.0, le=1.0)  # a question graded below earns no difficulty reward
     agreement_threshold: float = bounded(0.5, ge=0.0, le=1.0)  # a grade at least this says "right"
-    # the judge's templates: grading an answer / a question; fields as any prompt's plus {verdict}
+    # the judge's template grading an answer; fields as any prompt's plus {verdict}
     rubric: str = "{observation}\nAnswer: {solver}\nIs it right? End with {verdict}.\n"
+    # the judge's template grading a proposed question; fields as any prompt's plus {verdict}
     question_rubric: str = "Question: {proposer}\nIs it a good question? End with {verdict}.\n"
 
 
