@@ -4,7 +4,7 @@ The judge is either a policy of the run (``reward.policy=<name>``: its current w
 it judges — the same model as the solver, role-conditioned, as in MAE), or a frozen model of its own
 (``reward.model``: a local dir or hub id, e.g. a checkpoint's ``policies/<name>``; null ``name_or_path``: the tiny
 model with its own seed, for dry runs). It generates through transformers (a run's policy: through the run's
-rollout backend), greedily by default; its reply is parsed as ``rewards/scores.py`` says.
+rollout backend), greedily by default; its reply is parsed as ``core/verdicts.py`` says.
 """
 
 from __future__ import annotations

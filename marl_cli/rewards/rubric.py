@@ -1,6 +1,6 @@
 """Judges that read a rubric and write a score: the settings they share (``RubricConfig``: the rubric templates, the
 verdict line and its range, pairwise comparison), their checks, and ``RubricJudge``, which renders each reply's
-rubric and parses the judge's verdict (``scores.Scale``); a subclass says how the judge's replies are produced (a
+rubric and parses the judge's verdict (``core.verdicts.Scale``); a subclass says how the judge's replies are produced (a
 model of the run, ``judge.py``; a server, ``http.py``)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import RewardConfig, choices
+from marl_cli.core.verdicts import Scale, check_template, check_verdict, render
 from marl_cli.rewards.base import Judged, RewardModel, Verdict
-from marl_cli.rewards.scores import Scale, check_template, check_verdict, render
 
 DEFAULT_TEMPLATE = ("You grade an answer to a task.\nTask:\n{prompt}\nAnswer given: {answer}\n"
                     "Is the answer correct? End your reply with the line\n{verdict}\n")

@@ -31,7 +31,7 @@ from typing import Any
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import WorkflowConfig
 from marl_cli.core.samples import Sample
-from marl_cli.rewards.scores import Scale, check_verdict, slots
+from marl_cli.core.verdicts import Scale, check_verdict, slots
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 PHASES = ("solve", "evaluate", "score")

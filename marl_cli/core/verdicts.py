@@ -1,4 +1,5 @@
 """A judge's prompt and its verdict: the rubric template a judge reads, and the score parsed from what it writes.
+Shared by the reward models (``rewards/``) and the workflows whose roles judge (MAE's judge, CoMAS's scorers).
 
 The config names the line the judge ends its reply with, ``reward.verdict`` (default ``"Score: {score}"``); its one
 ``{score}`` slot is where the number goes. From it come both the instruction the rubric shows the judge

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.rewards.scores import Scale, check_template, check_verdict, render
+from marl_cli.core.verdicts import Scale, check_template, check_verdict, render
 
 
 @pytest.mark.parametrize(("reply", "expected"), [
