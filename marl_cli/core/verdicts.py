@@ -49,6 +49,12 @@ def check_verdict(verdict: str, key: str = "reward.verdict") -> None:
                           f"and no other field, e.g. 'Score: {{score}}'")
 
 
+def check_asks_verdict(template: str, key: str, who: str = "judge") -> None:
+    """``template`` shows its reader the verdict line (the ``{verdict}`` field)."""
+    if "verdict" not in slots(template):
+        raise ConfigError(f"{key} never tells the {who} how to write its score: add the {{verdict}} field")
+
+
 def check_template(template: str, key: str, pairwise: bool = False) -> None:
     """A rubric template uses only ``FIELDS`` (``PAIR_FIELDS``) and shows the judge something to judge (one of
     ``SHOWN``; pairwise: both replies)."""
@@ -63,8 +69,7 @@ def check_template(template: str, key: str, pairwise: bool = False) -> None:
                                   f"{{completion_{side}}}")
     elif not set(names) & set(SHOWN):
         raise ConfigError(f"{key} shows the judge nothing to judge: it needs {{completion}}, {{answer}} or {{prompt}}")
-    if "verdict" not in names:
-        raise ConfigError(f"{key} never tells the judge how to write its score: add the {{verdict}} field")
+    check_asks_verdict(template, key)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import WorkflowConfig
 from marl_cli.core.samples import Sample
-from marl_cli.core.verdicts import Scale, check_verdict, slots
+from marl_cli.core.verdicts import Scale, check_asks_verdict, check_verdict
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState, Workflow
 
 PHASES = ("solve", "evaluate", "score")
@@ -62,9 +62,7 @@ def check_discussion(cfg: Any) -> None:
     if len(wf.roles) < 2:
         raise ConfigError(f"workflow=discussion needs at least two agents in workflow.roles, got {list(wf.roles)}")
     check_verdict(wf.verdict, "workflow.verdict")
-    if "verdict" not in slots(wf.score_prompt):
-        raise ConfigError("workflow.score_prompt never tells the scorer how to write its score: add the {verdict} "
-                          "field")
+    check_asks_verdict(wf.score_prompt, "workflow.score_prompt", "scorer")
 
 
 @WORKFLOWS.register("discussion", schema=DiscussionConfig, check=check_discussion)

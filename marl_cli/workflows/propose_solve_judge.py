@@ -36,7 +36,7 @@ from typing import Any
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import WorkflowConfig, bounded, choices
 from marl_cli.core.samples import Sample
-from marl_cli.core.verdicts import Scale, check_verdict, slots
+from marl_cli.core.verdicts import Scale, check_asks_verdict, check_verdict
 from marl_cli.workflows.base import WORKFLOWS, Outcome, TeamState
 from marl_cli.workflows.propose_solve import ProposeSolveWorkflow, check_self_made
 
@@ -74,9 +74,7 @@ def check_propose_solve_judge(cfg: Any) -> None:
                           f" with roles {list(wf.roles)}: set workflow.max_turns={2 if proposer else 1}")
     check_verdict(wf.verdict, "workflow.verdict")
     for key in RUBRICS:
-        if "verdict" not in slots(wf[key]):
-            raise ConfigError(f"workflow.{key} never tells the judge how to write its score: add the {{verdict}} "
-                              "field")
+        check_asks_verdict(wf[key], f"workflow.{key}")
     if proposer:
         check_self_made(cfg, ["proposer", "judge"])
 
