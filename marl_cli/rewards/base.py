@@ -104,6 +104,11 @@ class Rewarder(ABC):
     def apply(self, rows: list[Sample]) -> dict[str, float]:
         """Set the rewards of the rows it covers, in place; the step's metrics."""
 
+    def warming(self, step: int) -> bool:
+        """Whether ``step`` is one of the reward model's warm-up steps (it learns, the policies wait; none by
+        default)."""
+        return False
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (a learned model's weights and optimiser; nothing by default)."""
         return {}

@@ -64,6 +64,7 @@ class LearnedConfig(RewardConfig):
     max_grad_norm: float = bounded(1.0, ge=0.0)  # 0: no clipping
     mini_batch_size: int = bounded(32, ge=1)  # rows (scalar), pairs (bradley_terry) or episodes (progress) a step
     epochs: int = bounded(1, ge=1)  # passes over each step's rows
+    warmup_steps: int = bounded(0, ge=0)  # the first N steps train the reward model only (the policies wait)
 
 
 @dataclass
@@ -122,7 +123,14 @@ def check_learned(cfg: Any) -> None:
     """``reward.model`` changes only model keys; a saved model's head fits the configured model's width."""
     from marl_cli.policies.roles import role_map
 
-    policy = role_map(cfg)[cfg.reward.roles[0]]
+    reward = cfg.reward
+    if reward.warmup_steps and not reward.train:
+        raise ConfigError(f"reward.warmup_steps={reward.warmup_steps}: a frozen reward model (reward.train=false) "
+                          "does not learn; set warmup_steps=0")
+    if reward.warmup_steps >= cfg.trainer.steps > 0:
+        raise ConfigError(f"reward.warmup_steps={reward.warmup_steps}: the policies would never train in "
+                          f"trainer.steps={cfg.trainer.steps}")
+    policy = role_map(cfg)[reward.roles[0]]
     model_cfg = estimator_model(cfg, policy)
     if cfg.reward.path is None:
         return
@@ -171,6 +179,9 @@ class LearnedRewards(Rewarder):
                 raise ConfigError(f"reward.path={reward.path}: does not fit the reward model here: "
                                   f"{str(exc).splitlines()[1].strip()}") from exc
         return model
+
+    def warming(self, step: int) -> bool:
+        return self.cfg.train and step <= self.cfg.warmup_steps
 
     def values(self, rows: list[Sample], grad: bool = False) -> Any:
         """r(x) of each row at its last completion token, (N,); batches of ``mini_batch_size`` without grad."""

@@ -194,7 +194,8 @@ class Trainer:
         if self.critics is not None:
             self.critics.annotate(samples)
         rows = self.advantages(samples, rollouts, metrics)
-        warming = self.critics is not None and self.critics.warming(step)  # the critic learns, the policies wait
+        warming = ((self.critics is not None and self.critics.warming(step))  # the critic or the reward model
+                   or (self.rewards is not None and self.rewards.warming(step)))  # learns, the policies wait
         active = set() if warming else self.schedule.training(step)
         for name, trainer in self.trainers.items():
             metrics[f"train/{name}/active"] = float(name in active)

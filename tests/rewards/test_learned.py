@@ -96,11 +96,26 @@ def test_a_saved_scalar_model_loads_frozen_into_another_run_and_a_wrong_shape_is
     (["reward=progress", "algorithm=at_grpo", "algorithm.mode=tree"],
      "reward=progress splits each episode's outcome over its steps; tree rollouts have no episode per row: use "
      "algorithm.mode=independent"),
+    (["reward=progress", "reward.warmup_steps=4", "trainer.steps=4"],
+     "reward.warmup_steps=4: the policies would never train in trainer.steps=4"),
+    (["reward=scalar", "reward.warmup_steps=1", "reward.train=false"],
+     "reward.warmup_steps=1: a frozen reward model (reward.train=false) does not learn; set warmup_steps=0"),
     (["reward=scalar", "+reward.model.lr=3"],
      "reward.model.lr: not a key this can change; valid keys: name_or_path, tiny, dtype"),
 ])
 def test_a_bad_learned_reward_config_is_refused_in_one_line(overrides, message):
     assert refusal([*FAST, "reward.roles=[agent]", *overrides]) == message
+
+
+def test_a_reward_model_warm_up_holds_the_policies(tmp_path):
+    from marl_cli.training.loop import train
+    from tests.helpers import train_config
+
+    train(train_config(*LEARNED, "reward=progress", "workflow.max_turns=2", "reward.warmup_steps=1"), tmp_path)
+    steps = step_records(tmp_path)
+    assert [s["train/shared/active"] for s in steps] == [0.0, 1.0]  # step 1: the estimator learns, the policy waits
+    assert "train/shared/loss" not in steps[0] and "train/shared/loss" in steps[1]
+    assert all(s["progress/loss"] < s["progress/loss_before"] for s in steps)
 
 
 def _step_metrics(run, step: int) -> dict:
