@@ -50,6 +50,7 @@ def choices(name: str, *values: str, module: str = __name__) -> type[StrEnum]:
 RolloutMode = choices("RolloutMode", "independent", "tree")
 CriticScope = choices("CriticScope", "policy", "team")
 DType = choices("DType", "float32", "bfloat16", "float16")
+Proposals = choices("Proposals", "any", "kinds")
 LossType = choices("LossType", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """TRL's GRPO loss formulations (``GRPOConfig.loss_type``)."""
 CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
@@ -148,6 +149,8 @@ class MathConfig(EnvConfig):
     eval: MathSourceConfig = field(default_factory=MathSourceConfig)  # held-out tasks (embedded: disjoint questions)
     max_operand: int = 20  # embedded problems: largest number drawn (difficulty)
     kinds: list[str] = field(default_factory=lambda: ["arithmetic", "word", "linear"])  # also add_sub
+    # a proposer's question (workflow=propose_solve*): any integer expression, or only the shapes env.kinds generate
+    proposals: Proposals = Proposals.any
     correct_reward: float = 1.0  # the answer equals the gold answer (ends the episode)
     wrong_reward: float = 0.0  # a readable answer that is wrong
     format_penalty: float = -1.0  # no answer, or one Math-Verify cannot read (below a wrong answer)

@@ -106,6 +106,31 @@ def _linear(rng: random.Random, m: int) -> tuple[str, str]:
 _MAKERS = {"arithmetic": _arithmetic, "add_sub": _add_sub, "word": _word, "linear": _linear}
 
 
+def _add_sub_shape(numbers: list[int], ops: list[str], value: Fraction) -> bool:
+    return len(ops) == 1 and ops[0] in "+-" and value >= 0
+
+
+def _arithmetic_shape(numbers: list[int], ops: list[str], value: Fraction) -> bool:
+    return len(ops) in (1, 2) and ops.count("/") <= 1
+
+
+SHAPES = {"add_sub": _add_sub_shape, "arithmetic": _arithmetic_shape}
+"""The kinds whose questions are bare expressions, and the test of an expression's shape against each: operands
+from 1 to ``max_operand`` joined left to right without parentheses, as the kind's generator writes them."""
+
+
+def in_kinds(expr: str, kinds: list[str], max_operand: int) -> bool:
+    """Whether ``expr`` (``12 - 4``) has the shape of a question one of ``kinds`` generates (``SHAPES``)."""
+    tokens = expr.split()
+    numbers, ops = tokens[0::2], tokens[1::2]
+    if len(tokens) % 2 == 0 or not all(n.isdigit() and 1 <= int(n) <= max_operand for n in numbers):
+        return False
+    if not all(op in "+-*/" and len(op) == 1 for op in ops):
+        return False
+    value = exact_value(expr)
+    return any(SHAPES[kind]([int(n) for n in numbers], ops, value) for kind in kinds if kind in SHAPES)
+
+
 def generate(seed: int, max_operand: int, kinds: list[str], holdout: bool) -> MathTask:
     """The problem of ``seed``: drawn until its question lies on the requested (train/eval) side."""
     rng = random.Random(seed)

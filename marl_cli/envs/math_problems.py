@@ -21,7 +21,17 @@ from typing import Any
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.schema import MathConfig
 from marl_cli.envs.base import ENVS, EVAL_SEED_BASE, WARMSTART_OFFSET, Env, Transition, task_seed
-from marl_cli.envs.math_data import KINDS, MathTask, exact_value, fraction_text, generate, held_out, load_tasks
+from marl_cli.envs.math_data import (
+    KINDS,
+    SHAPES,
+    MathTask,
+    exact_value,
+    fraction_text,
+    generate,
+    held_out,
+    in_kinds,
+    load_tasks,
+)
 from marl_cli.envs.sources import load_splits
 
 MAX_ANSWER_CHARS = 300
@@ -131,6 +141,9 @@ class MathEnv(Env):
         unknown = [k for k in self.kinds if k not in KINDS]
         if not self.kinds or unknown:
             raise ConfigError(f"env.kinds must name some of {', '.join(KINDS)}, got {self.kinds}")
+        if cfg.proposals == "kinds" and not any(k in SHAPES for k in self.kinds):
+            raise ConfigError(f"env.proposals=kinds: no kind of env.kinds={self.kinds} is a bare expression a "
+                              f"proposer can write (those are: {', '.join(SHAPES)})")
         self.datasets = load_splits(cfg, load_tasks)
         train = self.datasets["train"]
         self.order = None if train is None else random.Random(seed).sample(range(len(train)), len(train))
@@ -175,9 +188,10 @@ class MathEnv(Env):
     def parse_task(self, text: str) -> MathTask | None:
         """``<expression>`` or ``<expression> = <answer>``: an integer expression (``+ - * /``, parentheses, at least
         one operator, every number at most ``env.max_operand``, at most ``MAX_PROPOSED`` characters); the program
-        computes its exact value, and a stated answer must be it. The question must lie on the training side of the
-        embedded generator's split (a held-out question is refused, so a proposer cannot write an evaluation
-        question); anything else is not a task."""
+        computes its exact value, and a stated answer must be it. With ``env.proposals=kinds`` it must also have the
+        shape of a question ``env.kinds`` generates (``add_sub``: ``a + b`` or ``a - b``, never negative). The
+        question must lie on the training side of the embedded generator's split (a held-out question is refused,
+        so a proposer cannot write an evaluation question); anything else is not a task."""
         head, sep, stated = text.strip().rpartition("=")
         expr = (head if sep else stated).strip()
         if len(expr) > MAX_PROPOSED or "**" in expr or "//" in expr or not re.search(r"\d\s*[+\-*/]", expr):
@@ -191,6 +205,8 @@ class MathEnv(Env):
         if sep and not answers_match(value, stated.strip()):
             return None
         expr = " ".join(re.sub(r"([+\-*/()])", r" \1 ", expr).split())
+        if self.cfg.proposals == "kinds" and not in_kinds(expr, self.kinds, self.cfg.max_operand):
+            return None
         question = f"What is {expr}?"
         return None if held_out(question) else MathTask(question, value, expr)  # the eval side is never trained on
 

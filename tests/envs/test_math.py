@@ -318,3 +318,17 @@ def test_eval_source_warnings(tmp_path, caplog):
     assert "evaluation tasks are training tasks" in messages
     assert "env.eval_size=30 exceeds the 20 rows" in messages
     assert env.datasets["eval"] is env.datasets["train"]  # read once
+
+
+def test_proposals_in_the_kinds_keep_the_familys_shape():
+    from marl_cli.envs.math_data import in_kinds
+
+    env = make_env(kinds=["add_sub"], proposals="kinds")
+    assert env.parse_task("12 - 4 = 8").answer == "8" and env.parse_task("7+9").question == "What is 7 + 9?"
+    for outside in ("4 - 12", "8 * 6", "2 + 3 + 4", "(2 + 3)", "0 + 5"):  # negative, not +/-, 3 operands, (), 0
+        assert env.parse_task(outside) is None, outside
+    assert make_env(kinds=["add_sub"]).parse_task("4 - 12").answer == "-8"  # proposals=any: any expression
+    assert in_kinds("8 * 6 / 3", ["arithmetic"], 20) and not in_kinds("8 / 4 / 2", ["arithmetic"], 20)
+    assert not in_kinds("8 * 6 * 3 * 2", ["arithmetic"], 20) and not in_kinds("21 + 1", ["arithmetic"], 20)
+    with pytest.raises(ConfigError, match="env.proposals=kinds: no kind of env.kinds=\\['word'\\] is a bare"):
+        make_env(kinds=["word"], proposals="kinds")
