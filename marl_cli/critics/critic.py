@@ -108,15 +108,16 @@ def _chunks(items: Sequence[int], size: int, world: World) -> list[list[int]]:
 
 
 def row_values(model: ValueModel, rows: Sequence[Scored], index: Sequence[Any]) -> list[torch.Tensor]:
-    """Each row's (n_i, heads) values at its unpadded indices ``index[i]`` (``positions``), from one padded forward
-    pass laid out as the learner lays rows out (left-padded prompts, right-padded completions)."""
+    """Each row's (n_i, heads) values at its unpadded indices ``index[i]`` (``positions``: the last prompt token
+    onwards), from one padded forward pass laid out as the learner lays rows out (left-padded prompts, right-padded
+    completions), a prompt that several rows share running once (``ValueModel.forward``'s ``prompt_width``)."""
     device = next(model.parameters()).device
     prompts, prompt_mask = pad_rows([list(r.prompt_ids) for r in rows], model.pad_id, left=True)
     completions, completion_mask = pad_rows([list(r.completion_ids) for r in rows], model.pad_id, left=False)
-    values = model(torch.cat([prompts, completions], 1).to(device),
-                   torch.cat([prompt_mask, completion_mask], 1).to(device))
     width = prompts.size(1)
-    return [values[b, width - len(r.prompt_ids) + torch.as_tensor(index[b], dtype=torch.long, device=device)]
+    values = model(torch.cat([prompts, completions], 1).to(device),
+                   torch.cat([prompt_mask, completion_mask], 1).to(device), prompt_width=width)
+    return [values[b, 1 - len(r.prompt_ids) + torch.as_tensor(index[b], dtype=torch.long, device=device)]
             for b, r in enumerate(rows)]
 
 

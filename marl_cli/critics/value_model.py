@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from marl_cli.policies.loading import load_model, resolve_source
+from marl_cli.rollout.prefix import keeping_cache, shared_prompt_cache
 
 HEAD_SCALE = 0.1
 """The head's initial weights have std ``HEAD_SCALE``/√d (see the module's docstring)."""
@@ -52,12 +53,28 @@ class ValueModel(torch.nn.Module):
     def heads(self) -> int:
         return self.head.out_features
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int = 0) -> torch.Tensor:
         """(B, L, heads) values of (B, L) rows. Positions count the real tokens only (cumsum(mask) − 1), so a row
-        gets the same values left-padded or not; values at padding positions are meaningless."""
+        gets the same values left-padded or not; values at padding positions are meaningless.
+
+        ``prompt_width`` W > 0 (the rows' first W columns are their left-padded prompts): the values of columns
+        W − 1 onwards only, (B, L − W + 1, heads), each distinct prompt but its last token running through the trunk
+        once for the rows that share it (``shared_prompt_cache``; a group's K rows, as the policy's scoring does):
+        the same values up to float rounding, gradients flowing back through the shared pass."""
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                            use_cache=False).last_hidden_state
+        tail = max(prompt_width - 1, 0)
+        cache = None
+        if prompt_width >= 2:
+            with keeping_cache(self.trunk):
+                cache = shared_prompt_cache(self.trunk, input_ids[:, :prompt_width], attention_mask[:, :prompt_width],
+                                            replayable=True, mask_positions=True)
+        if cache is None:
+            hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                                use_cache=False).last_hidden_state
+            return self.head(hidden.to(self.head.weight.dtype))[:, tail:]  # the head on whole rows: same rounding
+        with keeping_cache(self.trunk):
+            hidden = self.trunk(input_ids=input_ids[:, tail:], attention_mask=attention_mask,
+                                position_ids=positions[:, tail:], **cache).last_hidden_state
         return self.head(hidden.to(self.head.weight.dtype))
 
 

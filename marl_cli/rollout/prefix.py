@@ -54,8 +54,8 @@ def keeping_cache(model: Any) -> Iterator[None]:
             del layer._can_checkpoint_with_cache
 
 
-def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                        always: bool = False, replayable: bool = False) -> dict[str, Any] | None:
+def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, always: bool = False,
+                        replayable: bool = False, mask_positions: bool = False) -> dict[str, Any] | None:
     """The key/value cache of every row's left-padded prompt but its last token, computed once per distinct
     prompt and copied to each row, as the keyword argument the model's forward (and ``generate``) takes it
     under; the caller feeds each row's last prompt token and what follows with it, at the full forward's
@@ -63,7 +63,9 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
 
     ``replayable`` (the learner's scoring, run inside ``keeping_cache``): neither the prompt pass nor the
     caller's forward over the completions stores anything beyond the prompt, so a backward that replays a
-    layer sees what the forward saw; generation instead gets a cache it can grow.
+    layer sees what the forward saw; generation instead gets a cache it can grow. ``model`` is a causal LM (only
+    the last prompt position's logits are computed) or a bare decoder (a value model's trunk); ``mask_positions``
+    numbers the prompt's positions by its real tokens (cumsum of the mask − 1), as the value model does.
 
     None when no two rows share a prompt (unless ``always``: generation runs every prompt this way), a prompt
     is a single token wide, or (``replayable``) the model's cache has layers other than plain ones (a sliding
@@ -82,8 +84,12 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
         if any(type(layer) is not DynamicLayer for layer in given[name].layers):
             return None
         given[name].layers = [_PromptLayer() for _ in given[name].layers]
-    prefix = model(input_ids=distinct[:, :width - 1], attention_mask=distinct[:, width:2 * width - 1],
-                   use_cache=True, logits_to_keep=1, **given)
+    mask = distinct[:, width:2 * width - 1]
+    if forward_takes(model, "logits_to_keep"):
+        given["logits_to_keep"] = 1
+    if mask_positions:
+        given["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    prefix = model(input_ids=distinct[:, :width - 1], attention_mask=mask, use_cache=True, **given)
     cache = given[name] if replayable else prefix.get(name)  # the output names it as the forward does
     if cache is None or cache.get_seq_length() != width - 1:
         return None
@@ -97,7 +103,12 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
     return {name: cache}
 
 
+def forward_takes(model: Any, argument: str) -> bool:
+    """Whether the forward of ``model`` (of its base model, for a peft model) has a parameter ``argument``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return argument in inspect.signature(type(base).forward).parameters
+
+
 def cache_argument(model: Any) -> str:
     """``cache`` (recent transformers) or ``past_key_values`` (older): what the model's forward calls its cache."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return "cache" if forward_takes(model, "cache") else "past_key_values"

@@ -81,3 +81,34 @@ def test_a_fresh_value_model_builds_the_configured_tiny_model_in_fp32(tmp_path):
     expected = tiny_policy_model(seed=5).model.state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in model.trunk.state_dict().items())
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_rows_sharing_a_prompt_run_it_once_with_the_same_values_and_gradients():
+    from marl_cli.core.padding import pad_rows
+    from tests.precision import assert_rounding_close
+
+    gen = torch.Generator().manual_seed(3)
+    shared, other = [7, 8, 9, 10], [11, 12]
+    rows = [(shared, [20, 21, 22]), (shared, [23]), (other, [24, 25]), (shared, [26, 27, 28, 29]), (other, [30])]
+    prompts, prompt_mask = pad_rows([p for p, _ in rows], 0, left=True)
+    completions, completion_mask = pad_rows([c for _, c in rows], 0, left=False)
+    ids, mask = torch.cat([prompts, completions], 1), torch.cat([prompt_mask, completion_mask], 1)
+    width = prompts.size(1)
+    weights = torch.randn(len(rows), ids.size(1) - width + 1, 2, generator=gen, dtype=torch.float64)
+    real = mask[:, width - 1:].bool().unsqueeze(-1)  # the last prompt token (always real) and the completions
+
+    def values_and_grads(prompt_width: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model = float64_value_model(heads=2)
+        model.trunk.embed_tokens.register_forward_hook(lambda m, args, out: passes.append(tuple(args[0].shape)))
+        values = model(ids, mask, prompt_width=prompt_width)
+        values = values if prompt_width else values[:, width - 1:]
+        (values * weights * real).sum().backward()
+        return (values * real).detach(), [p.grad for p in model.parameters()]
+
+    passes: list[tuple[int, int]] = []
+    (plain, plain_grads), (once, once_grads) = values_and_grads(0), values_and_grads(width)
+    assert passes == [(5, ids.size(1)), (2, width - 1), (5, ids.size(1) - width + 1)]  # 2 distinct prompts, once
+    assert once.shape == (5, ids.size(1) - width + 1, 2)
+    assert_rounding_close(once, plain, 100)
+    for a, b in zip(once_grads, plain_grads, strict=True):
+        assert_rounding_close(a, b, 100)
