@@ -62,7 +62,7 @@ def annotate(critic: Any, rows: list[Sample]) -> None:
     as the actor reads them."""
     import torch
 
-    states, actions = critic.state_values(rows), critic.action_values(rows)
+    states, actions = critic.values_at(rows, ["state", "action"])  # one read of the rows
     low_v, low_q = torch.minimum(states[:, V1], states[:, V2]), torch.minimum(actions[:, Q1], actions[:, Q2])
     for s, v, q in zip(rows, low_v.tolist(), low_q.tolist(), strict=True):
         s.estimates.update(value=v, q_value=q)
@@ -94,8 +94,7 @@ def td_batch(critic: Any, batch: list[Transition], gamma: float) -> CriticBatch:
 
     rewards = torch.tensor([t.reward for t in batch], dtype=torch.float64)
     dones = torch.tensor([t.done for t in batch])
-    following = critic.next_state_values(batch, target=True).double()
-    here = critic.action_values(batch, target=True).double()
+    following, here = (v.double() for v in critic.td_values(batch, target=True))  # one read of the target copy
     targets = critic_targets(rewards, dones, (following[:, V1], following[:, V2]), (here[:, Q1], here[:, Q2]), gamma)
     return CriticBatch(batch, [Regression("action", torch.stack([targets.q1, targets.q2], 1), heads=(Q1, Q2)),
                                Regression("state", torch.stack([targets.v1, targets.v2], 1), heads=(V1, V2))])

@@ -178,29 +178,46 @@ class Critic:
         read = self._read(rows, [positions(r, "token") for r in rows], target)
         return [v[:, head].tolist() for v in read]
 
-    def _at(self, rows: Sequence[Scored], position: str, target: bool) -> torch.Tensor:
-        if position == "state":  # a causal model's value at the prompt's end does not read the completion
+    def values_at(self, rows: Sequence[Scored], names: Sequence[str], target: bool = False) -> list[torch.Tensor]:
+        """(N, heads) values of the rows at each position of ``names`` (``state``, ``action``: one a row), all from
+        one read of the rows, no grad, on the CPU; read for its ``state`` alone a row is read as its prompt (a
+        causal model's value at the prompt's end does not read the completion)."""
+        if list(names) == ["state"]:
             rows = [prompt_only(r) for r in rows]
-        read = self._read(rows, [positions(r, position) for r in rows], target)
-        return torch.cat(read) if read else torch.zeros(0, self.model.heads, dtype=self.model.head.weight.dtype)
+        read = self._read(rows, [[i for name in names for i in positions(r, name)] for r in rows], target)
+        if not read:
+            return [torch.zeros(0, self.model.heads, dtype=self.model.head.weight.dtype) for _ in names]
+        stacked = torch.stack(read)
+        return [stacked[:, k] for k in range(len(names))]
 
     def state_values(self, rows: Sequence[Scored], target: bool = False) -> torch.Tensor:
         """(N, heads) values at each row's last prompt token (the ``state`` position), no grad, on the CPU."""
-        return self._at(rows, "state", target)
+        return self.values_at(rows, ["state"], target)[0]
 
     def action_values(self, rows: Sequence[Scored], target: bool = False) -> torch.Tensor:
         """(N, heads) values at each row's last completion token (the ``action`` position), no grad, on the CPU."""
-        return self._at(rows, "action", target)
+        return self.values_at(rows, ["action"], target)[0]
 
     def next_state_values(self, transitions: Sequence[Transition], target: bool = False) -> torch.Tensor:
         """(N, heads) values of each transition's next state s′ (at the last token of ``next_prompt_ids``), 0 for a
         done one (no next state): V(s′) of the TD target r + γ·(1 − done)·V(s′)."""
+        return self.td_values(transitions, target, actions=False)[0]
+
+    def td_values(self, transitions: Sequence[Transition], target: bool = False,
+                  actions: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``next_state_values`` and (``actions``) the transitions' ``action_values``, from one read."""
         live = [i for i, t in enumerate(transitions) if t.next_prompt_ids is not None]
-        values = self._at([state_row(transitions[i].next_prompt_ids or []) for i in live], "state",
-                          target)
-        out = torch.zeros(len(transitions), self.model.heads, dtype=values.dtype)
-        out[live] = values
-        return out
+        rows = [state_row(transitions[i].next_prompt_ids or []) for i in live]
+        index = [positions(r, "state") for r in rows]
+        if actions:
+            rows, index = rows + list(transitions), index + [positions(t, "action") for t in transitions]
+        read = self._read(rows, index, target)
+        heads, dtype = self.model.heads, self.model.head.weight.dtype
+        following = torch.zeros(len(transitions), heads, dtype=dtype)
+        if live:
+            following[live] = torch.cat(read[:len(live)]).to(dtype)
+        here = torch.cat(read[len(live):]) if len(read) > len(live) else torch.zeros(0, heads, dtype=dtype)
+        return following, here if actions else None
 
     def soft_update(self) -> None:
         """θ̄ ← (1 − τ)·θ̄ + τ·θ (``polyak_update``, τ = ``cfg.tau``); a critic without targets is a ValueError."""
@@ -212,21 +229,30 @@ class Critic:
         over the steps of ``value_loss``, ``grad_norm`` (before clipping) and, with a value clip,
         ``value_clip_fraction``; and, of the values before the update over every entry, ``td_error/mean``
         (mean |R − V|), ``explained_variance``, ``value/mean``, ``value/std``, ``target/mean``, ``target/std``.
-        {} when no row has an entry (e.g. every completion is empty at the token position)."""
+        {} when no row has an entry (e.g. every completion is empty at the token position).
+
+        Only the clip reads V_old: without ``value_clip`` no pass reads the values before the update, and the
+        statistics take each entry's value at its first regression (the values before the update when the first
+        epoch is one mini-batch; later mini-batches of it see the earlier ones' steps)."""
         if not batch.regressions:
             raise ValueError("a critic update needs at least one regression")
         entries = _entries(batch, self.model.heads)
         if not any(e.size for e in entries):
             return {}
-        old = self._old_values(batch, entries)
+        given = all(reg.old_values is not None for reg in batch.regressions)
+        old = self._old_values(batch, entries) if given or self.cfg.value_clip is not None else None
         stats: dict[str, list[float]] = defaultdict(list)
+        first: dict[int, torch.Tensor] = {}
         self.model.train()
         for _ in range(self.cfg.epochs):
             order = rng.sample(range(len(entries)), len(entries))
             for chunk in _chunks(order, self.cfg.mini_batch_size, self.world):
-                self._step(batch, entries, old, chunk, stats)
+                self._step(batch, entries, old, chunk, stats, first)
         self.model.eval()
         out = {key: sum(v) / len(v) for key, v in self._gathered(stats).items() if v}
+        if old is None:
+            seen = {i: v for part in self.world.gather(first) for i, v in part.items()}
+            old = [seen.get(i, e.old) for i, e in enumerate(entries)]  # a row without entries: nothing to read
         return {**out, **_before(entries, old)}
 
     def _old_values(self, batch: CriticBatch, entries: list[_Entries]) -> list[torch.Tensor]:
@@ -238,9 +264,10 @@ class Critic:
         return [torch.where(given[e.group], e.old, v[torch.arange(e.size), e.head].double())
                 for e, v in zip(entries, read, strict=True)]
 
-    def _step(self, batch: CriticBatch, entries: list[_Entries], old: list[torch.Tensor], chunk: list[int],
-              stats: dict[str, list[float]]) -> None:
-        """One optimiser step on the mini-batch ``chunk`` (row indices), this process's share of it in the loss."""
+    def _step(self, batch: CriticBatch, entries: list[_Entries], old: list[torch.Tensor] | None, chunk: list[int],
+              stats: dict[str, list[float]], first: dict[int, torch.Tensor]) -> None:
+        """One optimiser step on the mini-batch ``chunk`` (row indices), this process's share of it in the loss;
+        ``first`` gets the values of the rows regressed for the first time."""
         groups = torch.cat([entries[i].group for i in chunk])
         if groups.numel() == 0:
             return
@@ -248,7 +275,7 @@ class Critic:
         # an entry's weight: its regression's heads over its entries in the whole mini-batch (= 1 / its positions)
         weight = heads / torch.bincount(groups, minlength=heads.numel()).clamp(min=1)
         mine = [i for i in self.world.share(chunk) if entries[i].size]
-        loss, moved = self._loss(batch, entries, old, mine, weight) if mine else (torch.zeros(()), 0)
+        loss, moved = self._loss(batch, entries, old, mine, weight, first) if mine else (torch.zeros(()), 0)
         if mine:
             loss.backward()
         if self.cfg.value_clip is not None:
@@ -260,19 +287,23 @@ class Critic:
         stats["value_loss"].append(float(loss.detach()))
         stats["grad_norm"].append(float(norm))
 
-    def _loss(self, batch: CriticBatch, entries: list[_Entries], old: list[torch.Tensor], mine: list[int],
-              weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def _loss(self, batch: CriticBatch, entries: list[_Entries], old: list[torch.Tensor] | None, mine: list[int],
+              weight: torch.Tensor, first: dict[int, torch.Tensor]) -> tuple[torch.Tensor, int]:
         """This process's share of a mini-batch's loss, size·Σ weight·ℓ over the entries of the rows ``mine`` (the
-        ranks' mean is the whole mini-batch's loss), and how many of them moved out of the value clip."""
+        ranks' mean is the whole mini-batch's loss), and how many of them moved out of the value clip (``old``:
+        V_old, None without a clip)."""
         values = row_values(self.model, [batch.rows[i] for i in mine], [entries[i].index for i in mine])
-        v = torch.cat([x[torch.arange(entries[i].size, device=self.device), entries[i].head.to(self.device)]
-                       for i, x in zip(mine, values, strict=True)])
+        parts = [x[torch.arange(entries[i].size, device=self.device), entries[i].head.to(self.device)]
+                 for i, x in zip(mine, values, strict=True)]
+        for i, part in zip(mine, parts, strict=True):
+            first.setdefault(i, part.detach().double().cpu())
+        v = torch.cat(parts)
         target = torch.cat([entries[i].target for i in mine]).to(v)
-        before = torch.cat([old[i] for i in mine]).to(v)
+        before = None if old is None else torch.cat([old[i] for i in mine]).to(v)
         w = weight[torch.cat([entries[i].group for i in mine])].to(v)
         loss = self.world.size * (value_terms(v, before, target, self.cfg.value_clip) * w).sum()
         clip = self.cfg.value_clip
-        moved = 0 if clip is None else int(((v.detach() - before).abs() > clip).sum())
+        moved = 0 if clip is None or before is None else int(((v.detach() - before).abs() > clip).sum())
         return loss, moved
 
     def _gathered(self, stats: dict[str, list[float]]) -> dict[str, list[float]]:

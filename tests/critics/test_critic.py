@@ -113,6 +113,35 @@ def test_the_update_minimises_the_summed_per_head_losses_at_their_positions():
     assert float(loss()) < 0.5 * float(before)
 
 
+def test_without_a_clip_the_update_reads_no_values_before_it_and_reports_those_of_its_first_pass():
+    critic = Critic(float64_value_model(heads=1), _cfg(mini_batch_size=8, epochs=2, value_clip=None))
+    rows, gen = _rows(6), random.Random(2)
+    returns = [[gen.uniform(-1, 1) for _ in r.completion_ids] for r in rows]
+    flat = torch.tensor([x for r in returns for x in r], dtype=torch.float64)
+    old = torch.tensor([x for r in critic.token_values(rows) for x in r], dtype=torch.float64)
+    passes: list[int] = []
+    critic.model.trunk.embed_tokens.register_forward_hook(lambda m, args, out: passes.append(args[0].size(0)))
+    stats = critic.update(CriticBatch(rows, [Regression("token", returns)]), random.Random(0))
+    assert len(passes) == 2  # one forward a mini-batch (8 rows, 2 epochs), no read of V_old
+    # one mini-batch an epoch: the first pass's values are the values before the update
+    assert stats["td_error/mean"] == pytest.approx(float((flat - old).abs().mean()), rel=rounding(TERMS))
+    assert stats["value/mean"] == pytest.approx(float(old.mean()), rel=rounding(TERMS))
+
+
+def test_one_read_gives_state_and_action_values_and_the_td_values():
+    critic = Critic(float64_value_model(heads=2), _cfg(mini_batch_size=16))
+    rows = _rows(7, n=5)
+    states, actions = critic.values_at(rows, ["state", "action"])
+    assert_rounding_close(states, critic.state_values(rows), TERMS)
+    assert_rounding_close(actions, critic.action_values(rows), TERMS)
+    transitions = [Transition(r.prompt_ids, r.completion_ids, 1.0, i == 4, None if i == 4 else rows[i + 1].prompt_ids,
+                              0, "agent") for i, r in enumerate(rows)]
+    following, here = critic.td_values(transitions, target=True)
+    assert_rounding_close(following, critic.next_state_values(transitions, target=True), TERMS)
+    assert_rounding_close(here, critic.action_values(rows, target=True), TERMS)
+    assert following[4].tolist() == [0.0, 0.0] and critic.td_values([], actions=True)[1].shape == (0, 2)
+
+
 def test_a_token_update_reports_the_values_before_it_and_lowers_the_loss():
     critic = Critic(float64_value_model(heads=1), _cfg(targets=False))
     rows = _rows(4)
