@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 TRAIN_PACKAGES := bwrap:bubblewrap
 TEST_PACKAGES := $(TRAIN_PACKAGES) redis-server:redis-server zsh:zsh
 
-.PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-vllm bad-input identity gpu-check reference docs wheel wheel-check clean
+.PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-trl bench-vllm bad-input identity gpu-check reference docs wheel wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --out bench/report.json
+	$(BIN)/python bench/trl_pair.py --pairs 3 --out bench/trl_pair.json
+
+# marl against raw TRL's GRPOTrainer at equal work (8 prompts x 8 completions of 32 tokens, one thread), interleaved
+bench-trl: $(STAMP)
+	$(BIN)/python bench/trl_pair.py --pairs 3 --out bench/trl_pair.json
 
 bench-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_VENV)/bin/python bench/run.py --backends --out bench/report_vllm.json

@@ -12,7 +12,8 @@ step synchronous and with asynchronous rollouts (``trainer.max_staleness`` 1 and
 ``--backends`` (``make bench-vllm``, in the vLLM venv) compares the rollout backends instead: vLLM against HF
 ``generate`` on the same prompts (a step's groups: 16 prompts × 8 samples), for the tiny model and a
 Qwen2.5-0.5B-shaped one, in completion tokens per second. ``--only-async``: the asynchronous rollouts' comparison
-alone.
+alone; ``--only-values``: the value methods' learning halves alone. marl against raw TRL at equal work is
+``bench/trl_pair.py`` (``make bench-trl``).
 Usage: ``make bench`` (or ``python bench/run.py --experiment embedded --out bench/report.json``)."""
 
 from __future__ import annotations
@@ -297,6 +298,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="backend comparison: samples per prompt")
     parser.add_argument("--only-async", action="store_true", help="measure only the asynchronous rollouts' wall "
                         "per step")
+    parser.add_argument("--only-values", action="store_true", help="measure only the value methods' learning "
+                        "halves against AT-GRPO's")
     parser.add_argument("--experiment", action="append", help="an experiment whose settings are measured "
                         "(repeatable; default: embedded, toy/plan_path_at_grpo_shared, toy/research_mgrpo)")
     args = parser.parse_args()
@@ -309,6 +312,8 @@ def main() -> None:
     }
     if args.only_async:
         report["async_rollouts"] = measure_async()
+    elif args.only_values:
+        report["value_methods"] = measure_values(args.repeats)
     elif args.backends:
         report["backends"] = measure_backends(args.repeats, args.override, args.prompts, args.samples, args.shape,
                                               args.new_tokens)
