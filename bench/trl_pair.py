@@ -41,11 +41,11 @@ def tiny_model_dir(workdir: Path, cfg: Any) -> Path:
     return target
 
 
-def marl_config(model: Path, steps: int) -> Any:
+def marl_config(steps: int) -> Any:
     """``experiment=embedded`` cut to one turn of 8 tasks × 8 samples of 32 tokens, one optimiser step, bnpo."""
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return compose(config_name="train", overrides=[
-            "experiment=embedded", f"model.name_or_path={model}", "trainer.warmstart.enabled=false",
+            "experiment=embedded", "trainer.warmstart.enabled=false",
             "workflow.max_turns=1", f"rollout.tasks_per_step={TASKS}", f"algorithm.num_generations={GENERATIONS}",
             f"rollout.max_new_tokens={TOKENS}", f"trainer.mini_batch_size={TASKS * GENERATIONS}",
             "trainer.loss_type=bnpo", "trainer.beta=0.0", "trainer.skip_zero_advantage=false", f"trainer.steps={steps}",
@@ -132,9 +132,9 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        cfg = marl_config(work / "unused", args.steps)
+        cfg = marl_config(args.steps)
         model = tiny_model_dir(work, cfg)
-        cfg = marl_config(model, args.steps)
+        cfg.model.name_or_path = str(model)  # both sides load the saved model (its EOS suppressed)
         prompts = marl_prompts(cfg, work / "prompts")
         marl, trl = [], []
         for pair in range(args.pairs):

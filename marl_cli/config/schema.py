@@ -18,6 +18,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import registries
 
 
@@ -26,6 +27,13 @@ def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, l
     """A field whose value must be ``>= ge``, ``> gt`` and ``<= le`` (None: no bound; a None value is never checked),
     marked as ``reads`` says."""
     return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, **reads(per_policy=per_policy, trl=trl)})
+
+
+def check_warmup(key: str, warmup: int, steps: int) -> None:
+    """A warm-up of ``warmup`` steps in which the policies wait (``key``) leaves them a step of ``trainer.steps``
+    (``steps``; 0: no limit)."""
+    if warmup >= steps > 0:
+        raise ConfigError(f"{key}={warmup}: the policies would never train in trainer.steps={steps}")
 
 
 def reads(*, per_policy: bool = False, trl: str | None = None) -> dict[str, Any]:

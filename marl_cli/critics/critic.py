@@ -201,23 +201,25 @@ class Critic:
     def next_state_values(self, transitions: Sequence[Transition], target: bool = False) -> torch.Tensor:
         """(N, heads) values of each transition's next state s′ (at the last token of ``next_prompt_ids``), 0 for a
         done one (no next state): V(s′) of the TD target r + γ·(1 − done)·V(s′)."""
-        return self.td_values(transitions, target, actions=False)[0]
+        return self._next_states_and_actions(transitions, [], target)[0]
 
-    def td_values(self, transitions: Sequence[Transition], target: bool = False,
-                  actions: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``next_state_values`` and (``actions``) the transitions' ``action_values``, from one read."""
+    def td_values(self, transitions: Sequence[Transition], target: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``next_state_values`` and the transitions' ``action_values``, from one read."""
+        return self._next_states_and_actions(transitions, transitions, target)
+
+    def _next_states_and_actions(self, transitions: Sequence[Transition], rows: Sequence[Scored],
+                                 target: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``next_state_values`` of ``transitions`` and ``action_values`` of ``rows``, from one read."""
         live = [i for i, t in enumerate(transitions) if t.next_prompt_ids is not None]
-        rows = [state_row(transitions[i].next_prompt_ids or []) for i in live]
-        index = [positions(r, "state") for r in rows]
-        if actions:
-            rows, index = rows + list(transitions), index + [positions(t, "action") for t in transitions]
-        read = self._read(rows, index, target)
+        states = [state_row(transitions[i].next_prompt_ids or []) for i in live]
+        read = self._read([*states, *rows], [positions(r, "state") for r in states] +
+                          [positions(r, "action") for r in rows], target)
         heads, dtype = self.model.heads, self.model.head.weight.dtype
         following = torch.zeros(len(transitions), heads, dtype=dtype)
         if live:
             following[live] = torch.cat(read[:len(live)]).to(dtype)
-        here = torch.cat(read[len(live):]) if len(read) > len(live) else torch.zeros(0, heads, dtype=dtype)
-        return following, here if actions else None
+        here = torch.cat(read[len(live):]) if rows else torch.zeros(0, heads, dtype=dtype)
+        return following, here
 
     def soft_update(self) -> None:
         """θ̄ ← (1 − τ)·θ̄ + τ·θ (``polyak_update``, τ = ``cfg.tau``); a critic without targets is a ValueError."""

@@ -11,7 +11,7 @@ from typing import Any
 from marl_cli.algorithms.base import ALGORITHMS
 from marl_cli.config.errors import ConfigError
 from marl_cli.config.registry import Registry
-from marl_cli.config.schema import CriticConfig, ModelConfig
+from marl_cli.config.schema import CriticConfig, ModelConfig, check_warmup
 from marl_cli.config.team import MODEL_KEYS, merged
 
 
@@ -51,9 +51,8 @@ def check_critic(cfg: Any) -> None:
                               f"{' (critic=none)' if kind.level is None else ''}")
     if kind.level is not None and cfg.critic.share_trunk:
         check_shared_trunk(cfg)
-    if kind.level is not None and cfg.critic.warmup_steps >= cfg.trainer.steps > 0:
-        raise ConfigError(f"critic.warmup_steps={cfg.critic.warmup_steps}: the policies would never train in "
-                          f"trainer.steps={cfg.trainer.steps}")
+    if kind.level is not None:
+        check_warmup("critic.warmup_steps", cfg.critic.warmup_steps, cfg.trainer.steps)
 
 
 def declared_settings() -> list[str]:

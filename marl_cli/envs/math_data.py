@@ -106,11 +106,11 @@ def _linear(rng: random.Random, m: int) -> tuple[str, str]:
 _MAKERS = {"arithmetic": _arithmetic, "add_sub": _add_sub, "word": _word, "linear": _linear}
 
 
-def _add_sub_shape(numbers: list[int], ops: list[str], value: Fraction) -> bool:
+def _add_sub_shape(ops: list[str], value: Fraction) -> bool:
     return len(ops) == 1 and ops[0] in "+-" and value >= 0
 
 
-def _arithmetic_shape(numbers: list[int], ops: list[str], value: Fraction) -> bool:
+def _arithmetic_shape(ops: list[str], value: Fraction) -> bool:
     return len(ops) in (1, 2) and ops.count("/") <= 1
 
 
@@ -128,7 +128,7 @@ def in_kinds(expr: str, kinds: list[str], max_operand: int) -> bool:
     if not all(op in "+-*/" and len(op) == 1 for op in ops):
         return False
     value = exact_value(expr)
-    return any(SHAPES[kind]([int(n) for n in numbers], ops, value) for kind in kinds if kind in SHAPES)
+    return any(SHAPES[kind](ops, value) for kind in kinds if kind in SHAPES)
 
 
 def generate(seed: int, max_operand: int, kinds: list[str], holdout: bool) -> MathTask:

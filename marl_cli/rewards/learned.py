@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from marl_cli.config.errors import ConfigError
-from marl_cli.config.schema import ModelConfig, RewardConfig, bounded, choices
+from marl_cli.config.schema import ModelConfig, RewardConfig, bounded, check_warmup, choices
 from marl_cli.config.team import MODEL_KEYS, merged, policy_model
 from marl_cli.core.samples import Sample
 from marl_cli.rewards.base import REWARDS, Rewarder, agreement, judged_rows, reply_group, rewrite
@@ -127,9 +127,7 @@ def check_learned(cfg: Any) -> None:
     if reward.warmup_steps and not reward.train:
         raise ConfigError(f"reward.warmup_steps={reward.warmup_steps}: a frozen reward model (reward.train=false) "
                           "does not learn; set warmup_steps=0")
-    if reward.warmup_steps >= cfg.trainer.steps > 0:
-        raise ConfigError(f"reward.warmup_steps={reward.warmup_steps}: the policies would never train in "
-                          f"trainer.steps={cfg.trainer.steps}")
+    check_warmup("reward.warmup_steps", reward.warmup_steps, cfg.trainer.steps)
     policy = role_map(cfg)[reward.roles[0]]
     model_cfg = estimator_model(cfg, policy)
     if cfg.reward.path is None:

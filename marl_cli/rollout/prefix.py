@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import torch
@@ -106,7 +107,13 @@ def shared_prompt_cache(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
 def forward_takes(model: Any, argument: str) -> bool:
     """Whether the forward of ``model`` (of its base model, for a peft model) has a parameter ``argument``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return argument in inspect.signature(type(base).forward).parameters
+    return argument in _forward_parameters(type(base))
+
+
+@cache
+def _forward_parameters(cls: type) -> frozenset[str]:
+    """The parameter names of ``cls.forward`` (read once per class: every forward of the learner asks)."""
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 def cache_argument(model: Any) -> str:

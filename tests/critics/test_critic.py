@@ -139,7 +139,7 @@ def test_one_read_gives_state_and_action_values_and_the_td_values():
     following, here = critic.td_values(transitions, target=True)
     assert_rounding_close(following, critic.next_state_values(transitions, target=True), TERMS)
     assert_rounding_close(here, critic.action_values(rows, target=True), TERMS)
-    assert following[4].tolist() == [0.0, 0.0] and critic.td_values([], actions=True)[1].shape == (0, 2)
+    assert following[4].tolist() == [0.0, 0.0] and critic.td_values([])[1].shape == (0, 2)
 
 
 def test_a_token_update_reports_the_values_before_it_and_lowers_the_loss():
