@@ -185,7 +185,7 @@ class HFGenerator:
     def release(self) -> None:
         """Nothing to free: generation runs on the learner's own model."""
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, policy: Policy, prompts: list[str], sampling: Sampling) -> list[Generation]:
         tokenizer, model = policy.tokenizer, policy.model
         policy.activate()

@@ -7,7 +7,9 @@ Each RL step calls ``update`` with that policy's sample rows; the scheduler adva
 truncated completions is marl's (TRL does it in its generation loop): their tokens leave the loss mask.
 
 The step is TRL's and verl's: the old log-probs (the PPO ratio's denominator) of every mini-batch
-are computed before the first optimiser step, so they are the sampling policy's for the whole step;
+are the sampling policy's, computed before the first optimiser step; the first mini-batch trained takes its trained
+rows' from its own loss forward, detached (as TRL when its samples are fresh), unless something reads them before the
+loss (an importance-sampling correction, the off-policy mask);
 the reference is the policy as RL found it (after the warm start). Rows whose gradient is zero (a zero
 advantage with β = 0, e.g. every row of an equal-reward group; a masked truncated completion) get the forward
 passes of the diagnostics but no loss forward or backward: the others' loss is weighted by their share of the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import random
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +206,46 @@ def approx_kl(sample_logps: torch.Tensor, other_logps: torch.Tensor, mask: torch
     return float((per_token * mask).sum() / mask.sum().clamp(min=1))
 
 
+@dataclass
+class MiniBatch:
+    """This process's share of one mini-batch: its collated rows, the rows to back-propagate (``index``; its last
+    ``zeroed`` are zero-advantage copies that even out the ranks), the weight of their loss, and the sampling policy's
+    per-token log-probs and entropies of every row (``PolicyTrainer._prepare``)."""
+
+    batch: dict[str, torch.Tensor]
+    index: list[int]
+    zeroed: int
+    weight: float
+    old: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
+
+    def trained(self) -> list[int]:
+        """The distinct rows back-propagated (``index`` without its copies)."""
+        return self.index[:len(self.index) - self.zeroed]
+
+
+def put_rows(target: torch.Tensor | None, rows: list[int], values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``values`` (one row for each of ``rows``, right-padded to their own width) written into ``target``'s rows (a
+    new one of zeros of ``shape``, in their dtype, where None)."""
+    if target is None:
+        target = values.new_zeros(shape)
+    target[rows, :values.size(1)] = values
+    return target
+
+
+def advantage_stats(rows: list[Sample], stats: dict[str, list[float]]) -> None:
+    """The mean and spread of the rows' advantages (and of their tokens', where credit was given token by token)."""
+    advantages = torch.tensor([s.advantage for s in rows])
+    stats["advantage/mean"].append(float(advantages.mean()))
+    stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
+    if any(s.token_advantages for s in rows):
+        tokens = torch.tensor([a for s in rows for a in s.per_token()])
+        stats["advantage/token_mean"].append(float(tokens.mean()))
+        stats["advantage/token_std"].append(float(tokens.std()) if tokens.numel() > 1 else 0.0)
+        stats["advantage/token_min"].append(float(tokens.min()))
+        stats["advantage/token_max"].append(float(tokens.max()))
+
+
 class PolicyTrainer:
     """Optimises one policy with TRL's GRPO loss on rows marl hands it.
 
@@ -282,26 +325,43 @@ class PolicyTrainer:
         with self.policy.reference() as base:
             return self._logps(base, batch)
 
-    def _prepare(self, batch: dict[str, torch.Tensor], stats: dict[str, list[float]]) -> None:
-        """The sampling policy's log-probs and entropy (and the reference's log-probs) for ``batch``, before any
-        optimiser step."""
-        old, entropies = self._forward(self.learner, batch, entropy=True)
-        batch["old_per_token_logps"] = old
-        mask = batch["completion_mask"]
-        entropy_sum = float((entropies * loss_mask(batch)).sum())
-        stats["entropy"].append(entropy_sum / self._token_share(batch))
-        self._entropy = [self._entropy[0] + entropy_sum, self._entropy[1] + float(loss_mask(batch).sum())]
+    def _prepare(self, batch: dict[str, torch.Tensor], stats: dict[str, list[float]],
+                 later: list[int] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Before any optimiser step: the sampling policy's per-token log-probs (``batch["old_per_token_logps"]``)
+        and entropies of ``batch``'s rows, returned, and the reference's log-probs. The rows ``later`` are left at zero
+        (None where every row is one; the old log-probs stay out of ``batch``): the first step's loss forward gives
+        theirs (``_fill_old``)."""
+        later = later or []
+        shape = batch["completion_ids"].shape
+        rest = [i for i in range(shape[0]) if i not in set(later)]
+        old = entropies = None
+        if not later:
+            old, entropies = self._forward(self.learner, batch, entropy=True)
+            batch["old_per_token_logps"] = old
+        elif rest:
+            part_old, part_entropies = self._forward(self.learner, select_rows(batch, rest), entropy=True)
+            old, entropies = put_rows(None, rest, part_old, shape), put_rows(None, rest, part_entropies, shape)
         if self.cfg.off_policy_mask_threshold is not None:
             add_sampler_logps(batch, old)
+        if self.cfg.is_correction != "none":
+            batch["importance_sampling_ratio"] = self._is_ratio(old, batch, stats)
+        if self.cfg.beta != 0.0 or self.cfg.log_ref_kl:
+            batch["ref_per_token_logps"] = self._reference_logps(batch)
+        return old, entropies
+
+    def _sampler_stats(self, mb: MiniBatch, stats: dict[str, list[float]]) -> None:
+        """The sampling policy's entropy over ``mb``'s tokens the loss counts, its log-prob gap to the sampler's and
+        its KL to the reference."""
+        batch, old, mask = mb.batch, mb.old, mb.batch["completion_mask"]
+        entropy_sum = float((mb.entropies * loss_mask(batch)).sum())
+        stats["entropy"].append(entropy_sum / self._token_share(batch))
+        self._entropy = [self._entropy[0] + entropy_sum, self._entropy[1] + float(loss_mask(batch).sum())]
         sampled = batch["sampling_mask"].bool()
         if sampled.any():
             gap = (old - batch["sampling_logps"]).abs()[sampled]
             stats["logprob_gap/mean"].append(float(gap.mean()))
             stats["logprob_gap/max"].append(float(gap.max()))
-        if self.cfg.is_correction != "none":
-            batch["importance_sampling_ratio"] = self._is_ratio(old, batch, stats)
-        if self.cfg.beta != 0.0 or self.cfg.log_ref_kl:
-            batch["ref_per_token_logps"] = self._reference_logps(batch)
+        if "ref_per_token_logps" in batch:
             stats["kl_ref"].append(approx_kl(old, batch["ref_per_token_logps"], mask))
 
     def _is_ratio(self, old: torch.Tensor, batch: dict[str, torch.Tensor],
@@ -368,36 +428,44 @@ class PolicyTrainer:
 
     def _train(self, rows: list[Sample], rng: random.Random, stats: dict[str, list[float]]) -> None:
         """The optimiser steps of one RL step on ``rows`` (at least one per process), their statistics into
-        ``stats``."""
+        ``stats``. The first mini-batch trained takes its old log-probs from its own loss forward where it can
+        (``_fuses_old``); the others' are computed before any optimiser step."""
         batches = self._mini_batches(rows)
         if self.cfg.mask_truncated_completions:
             stats["masked_truncated_fraction"].append(sum(not s.finished for s in rows) / len(rows))
         self.policy.activate()
         self.learner.train()
         self._entropy = [0.0, 0.0]
-        for batch, *_ in batches:
-            self._prepare(batch, stats)
-        for _ in range(self.cfg.num_iterations):
-            for whole, index, zeroed, weight in rng.sample(batches, len(batches)):
-                self._step(whole, index, zeroed, weight, stats)
+        order = rng.sample(batches, len(batches))
+        fused = self._fuses_old(order[0])
+        for mb in batches:
+            mb.old, mb.entropies = self._prepare(mb.batch, stats, mb.trained() if mb is fused else None)
+        for iteration in range(self.cfg.num_iterations):
+            for mb in order if iteration == 0 else rng.sample(batches, len(batches)):
+                self._step(mb, stats)
+        for mb in batches:
+            self._sampler_stats(mb, stats)
         if self.sharded:
             gather_into(self.learner, self.model)
         self.policy.mark_updated()
         if self.term is not None:  # after the step's updates: EPO's H̄ of step k is over the steps before it
             sums = self.world.gather(self._entropy)
             self.term.after_step(sum(s[0] for s in sums), sum(s[1] for s in sums))
-        advantages = torch.tensor([s.advantage for s in rows])
-        stats["advantage/mean"].append(float(advantages.mean()))
-        stats["advantage/std"].append(float(advantages.std()) if len(rows) > 1 else 0.0)
-        if any(s.token_advantages for s in rows):  # credit given token by token: its spread over the tokens
-            tokens = torch.tensor([a for s in rows for a in s.per_token()])
-            stats["advantage/token_mean"].append(float(tokens.mean()))
-            stats["advantage/token_std"].append(float(tokens.std()) if tokens.numel() > 1 else 0.0)
-            stats["advantage/token_min"].append(float(tokens.min()))
-            stats["advantage/token_max"].append(float(tokens.max()))
+        advantage_stats(rows, stats)
         stats["mini_batches"].append(float(len(batches)))
 
-    def _mini_batches(self, rows: list[Sample]) -> list[tuple[dict[str, torch.Tensor], list[int], int, float]]:
+    def _fuses_old(self, mb: MiniBatch) -> MiniBatch | None:
+        """``mb`` if the first optimiser step, on it, can take the old log-probs of its trained rows from its own
+        loss forward (detached, as TRL does when the samples are fresh): nothing reads them before the loss (no
+        importance-sampling correction, no off-policy mask); on an FSDP2-sharded learner only where no rank's share
+        has rows left out of the loss (forwards there are collective: every rank runs as many)."""
+        if self.cfg.is_correction != "none" or self.cfg.off_policy_mask_threshold is not None or not mb.trained():
+            return None
+        if self.sharded and not all(self.world.gather(len(mb.trained()) == len(mb.batch["advantages"]))):
+            return None
+        return mb
+
+    def _mini_batches(self, rows: list[Sample]) -> list[MiniBatch]:
         """This process's share of each mini-batch of ``rows``, collated, with the indices of its rows to
         back-propagate, how many of those are zero-advantage copies, and the weight of their loss."""
         pad_id = self.policy.tokenizer.pad_token_id
@@ -424,21 +492,22 @@ class PolicyTrainer:
             zeroed = count - len(kept)
             index = kept + [kept[0] if kept else 0] * zeroed
             weight = loss_weight(self.cfg.loss_type, [mine[i] for i in index], whole, self.world, masked, zeroed)
-            batches.append((batch, index, zeroed, weight))
+            batches.append(MiniBatch(batch, index, zeroed, weight))
         return batches
 
-    def _step(self, whole: dict[str, torch.Tensor], index: list[int], zeroed: int, weight: float,
-              stats: dict[str, list[float]]) -> None:
-        """One optimiser step on the rows ``index`` of the mini-batch ``whole`` (see ``select_rows``), the loss
-        multiplied by ``weight``."""
-        batch = select_rows(whole, index, zeroed)
-        loss = self.grpo.loss(self.learner, batch) * weight
+    def _step(self, mb: MiniBatch, stats: dict[str, list[float]]) -> None:
+        """One optimiser step on the rows ``mb.index`` of the mini-batch ``mb`` (see ``select_rows``), the loss
+        multiplied by ``mb.weight``."""
+        batch = select_rows(mb.batch, mb.index, mb.zeroed)
+        loss = self.grpo.loss(self.learner, batch) * mb.weight
+        if "old_per_token_logps" not in batch:
+            self._fill_old(mb, batch)
         if self.term is not None:
             term, term_stats = self.term(batch, self.grpo.last_entropies, loss_mask(batch), self.step)
             loss = loss + term
             for key, value in term_stats.items():
                 stats[key].append(value)
-        self._loss_stats(batch, self._token_share(whole), stats)
+        self._loss_stats(batch, self._token_share(mb.batch), stats)
         self.grpo.backward(loss)
         if not self.sharded:  # FSDP2 reduce-scatters the ranks' mean gradient in the backward pass
             self.world.average_gradients(self.params)
@@ -447,7 +516,17 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats["loss"].append(loss.item())
         stats["grad_norm"].append(float(norm))
-        stats["trained_row_fraction"].append((len(index) - zeroed) / len(whole["advantages"]))
+        stats["trained_row_fraction"].append((len(mb.index) - mb.zeroed) / len(mb.batch["advantages"]))
+
+    def _fill_old(self, mb: MiniBatch, batch: dict[str, torch.Tensor]) -> None:
+        """The old log-probs and entropies of ``mb``'s trained rows from the loss forward just run on ``batch`` (its
+        rows ``mb.index``, before any optimiser step), into ``mb`` and both batches."""
+        new, entropies = self.grpo.last_logps, self.grpo.last_entropies.detach()
+        rows, shape = mb.trained(), mb.batch["completion_ids"].shape
+        mb.old = put_rows(mb.old, rows, new[:len(rows)], shape)
+        mb.entropies = put_rows(mb.entropies, rows, entropies[:len(rows)], shape)
+        mb.batch["old_per_token_logps"] = mb.old
+        batch["old_per_token_logps"] = new
 
     def _summary(self, stats: dict[str, list[float]]) -> dict[str, float]:
         """One number per statistic (the max of ``*/max``, the min of ``*/min``, else the mean), then TRL's loss

@@ -144,7 +144,8 @@ class _GRPOLoss(GRPOTrainer):
 
     last_logps: torch.Tensor | None = None
     last_entropies: torch.Tensor | None = None
-    """The per-token entropies of the last forward, with their graph (kept only with ``keep_entropies``)."""
+    """The per-token entropies of the last forward (None where it computed none): with their graph under
+    ``keep_entropies``, else detached."""
     keep_entropies: bool = False
     sharded: Any = None
     """The FSDP2-sharded learner, if any: its forwards are collective, so every rank takes the same path."""
@@ -170,8 +171,7 @@ class _GRPOLoss(GRPOTrainer):
             out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                              batch_size, compute_entropy, **kwargs)
         self.last_logps = out[0].detach()
-        if self.keep_entropies:
-            self.last_entropies = out[1]
+        self.last_entropies = out[1] if self.keep_entropies or out[1] is None else out[1].detach()
         return out
 
 
@@ -228,8 +228,8 @@ class GRPOAdapter:
 
     @property
     def last_entropies(self) -> torch.Tensor | None:
-        """The per-token entropies of the last forward, differentiable: after ``loss``, the learner's (with
-        ``keep_entropies``; else None)."""
+        """The per-token entropies of the last forward: after ``loss``, the learner's (differentiable with
+        ``keep_entropies``, else detached)."""
         return self.trl.last_entropies
 
     @property

@@ -14,7 +14,7 @@ from marl_cli.policies.regime import build_policies
 from marl_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
 from marl_cli.training.learner.policy_trainer import PolicyTrainer, collate
 from tests.policies.test_tiny import SMALL
-from tests.precision import assert_rounding_close, eps, to_float64
+from tests.precision import after_adam, assert_rounding_close, eps, rounding, to_float64
 
 TERMS = 20_000
 """An upper bound on the terms a gradient entry here accumulates (12 rows × ≤ 60 positions × widths ≤ 64)."""
@@ -59,12 +59,15 @@ def test_old_logprobs_of_every_mini_batch_are_the_samplers(tmp_path, monkeypatch
     compute_loss = trainer.grpo.trl.compute_loss
 
     def spy(model, batch):
-        seen.append({k: batch[k].clone() for k in ("old_per_token_logps", "sampling_logps", "sampling_mask")})
-        return compute_loss(model, batch)
+        given = batch.get("old_per_token_logps")
+        loss = compute_loss(model, batch)  # without old log-probs TRL takes its own forward's, detached
+        seen.append({"old_per_token_logps": trainer.grpo.last_logps if given is None else given.clone(),
+                     "given": given is not None, **{k: batch[k].clone() for k in ("sampling_logps", "sampling_mask")}})
+        return loss
 
     trainer.grpo.trl.compute_loss = spy
     stats = trainer.update(rows, random.Random(0))
-    assert len(seen) == 3
+    assert [batch["given"] for batch in seen] == [False, True, True]  # the first step scores its own old log-probs
     for batch in seen:
         mask = batch["sampling_mask"].bool()
         assert mask.sum() > 0
@@ -74,6 +77,29 @@ def test_old_logprobs_of_every_mini_batch_are_the_samplers(tmp_path, monkeypatch
     assert stats["kl_old"] > 0
     assert stats["clip_ratio/region_mean"] > 0
     assert stats["mini_batches"] == 3
+
+
+@pytest.mark.parametrize("mini_batch_size", [64, 4])
+def test_the_first_step_scoring_its_own_old_logprobs_is_the_update_with_them_scored_ahead(tmp_path, monkeypatch,
+                                                                                          mini_batch_size):
+    """In float64, one mini-batch or three, a third of the rows without gradient (scored ahead either way): the
+    weights and the sampling policy's statistics are those of scoring every row before the first optimiser step."""
+    weights, stats = {}, {}
+    for ahead in (False, True):
+        policy = to_float64(_policy(tmp_path / str(ahead)), monkeypatch)
+        rows = _sampled_rows(policy)
+        for row in rows[::3]:
+            row.advantage = 0.0
+        trainer = _trainer(policy, tmp_path / str(ahead), mini_batch_size=mini_batch_size, learning_rate=5e-2)
+        if ahead:
+            monkeypatch.setattr(trainer, "_fuses_old", lambda mb: None)
+        stats[ahead] = trainer.update(rows, random.Random(0))
+        weights[ahead] = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
+    for key, value in weights[True].items():
+        torch.testing.assert_close(weights[False][key], value, atol=after_adam(5e-2, 3, TERMS), rtol=0, msg=key)
+    for key in ("entropy", "logprob_gap/mean", "logprob_gap/max"):
+        assert stats[False][key] == pytest.approx(stats[True][key], rel=rounding(TERMS)), key
+    assert stats[False]["kl_old"] <= stats[True]["kl_old"] + rounding(TERMS)
 
 
 def test_a_groups_prompt_is_prefilled_once_and_samples_as_without_sharing(tmp_path, monkeypatch):
