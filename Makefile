@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 TRAIN_PACKAGES := bwrap:bubblewrap
 TEST_PACKAGES := $(TRAIN_PACKAGES) redis-server:redis-server zsh:zsh
 
-.PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-trl bench-vllm bad-input identity gpu-check reference docs wheel wheel-check clean
+.PHONY: install install-vllm system-train system-test train test test-all test-vllm lint bench bench-trl bench-vllm bad-input identity gpu-check gpu-wheels reference docs wheel wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,15 @@ identity: $(STAMP)
 # without CUDA one line, exit 0. ARGS: --only <check>, --out <file>, --timeout <s>, --device cpu (the stand-ins).
 gpu-check: $(STAMP)
 	$(BIN)/marl gpu-check $(ARGS)
+
+# The wheels a bare GPU image (Python 3.12 with torch, transformers, peft, accelerate, pandas, pyarrow) lacks to run
+# `python3 -m marl_cli gpu-check` from a copy of this repository, into .whl/ (docs/guides/rollout-and-gpus.md).
+GPU_WHEELS := trl==1.16.0 hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+	fsspec==2026.9.0
+gpu-wheels: $(STAMP)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	$(BIN)/python -m pip wheel --quiet --no-deps antlr4-python3-runtime==4.9.3 -w .whl  # published as a source only
 
 # The config reference (docs/reference/config.md) from the schemas; rerun after adding or changing a config key.
 reference: $(STAMP)

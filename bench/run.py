@@ -191,33 +191,38 @@ def measure_store(items: int, repeats: int) -> dict[str, float]:
     return {f"store_sqlite_{k}_items_per_s": items / statistics.median(v) for k, v in times.items()}
 
 
-VALUE_METHODS = ("toy/values/plan_path_at_grpo", "toy/values/plan_path_ppo", "toy/values/plan_path_archer",
-                 "toy/values/plan_path_marft_team")
-"""The value-model table's rows: AT-GRPO and the three critics, on the same budget."""
+VALUE_METHODS: dict[str, tuple[str, ...]] = {
+    "plan_path_at_grpo": ("experiment=toy/values/plan_path_at_grpo",),
+    "at_grpo_every_row": ("experiment=toy/values/plan_path_at_grpo", "trainer.skip_zero_advantage=false"),
+    "plan_path_ppo": ("experiment=toy/values/plan_path_ppo",),
+    "plan_path_archer": ("experiment=toy/values/plan_path_archer",),
+    "plan_path_marft_team": ("experiment=toy/values/plan_path_marft_team",)}
+"""The value-model table's rows (name: overrides): AT-GRPO, AT-GRPO back-propagating every row as the critics'
+policies do (their advantages are seldom zero), and the three critics, on the same budget."""
 
 
 def measure_values(repeats: int) -> dict[str, dict[str, float]]:
     """Per value-model row, the learning half of a step on one shared rollout (the rows of AT-GRPO's budget, tiny
     untrained model, warm start off): the critic's scoring, the estimator, the policy update and the critic's
-    update, in seconds and relative to AT-GRPO's (whose step is the estimator and the update)."""
+    update, in seconds and relative to AT-GRPO's (whose step is the estimator and the update) and to AT-GRPO's
+    back-propagating every row."""
     out: dict[str, dict[str, float]] = {}
     samples = None
-    for experiment in VALUE_METHODS:
+    for name, overrides in VALUE_METHODS.items():
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"experiment={experiment}",
-                                                          "trainer.warmstart.enabled=false"])
+            cfg = compose(config_name="train", overrides=[*overrides, "trainer.warmstart.enabled=false"])
         with tempfile.TemporaryDirectory() as tmp:
             run = build_run(cfg, Path(tmp))
             if samples is None:  # one rollout for every row: the methods differ in what they learn from it
                 rollout_s, samples = _one_rollout(cfg, run)
-            out[experiment.rsplit("/", 1)[1]] = _learn_timings(cfg, run, samples, Path(tmp), repeats)
-    base = out["plan_path_at_grpo"]["learn_s"]
+            out[name] = _learn_timings(cfg, run, samples, Path(tmp), repeats)
+    base, every_row = out["plan_path_at_grpo"]["learn_s"], out["at_grpo_every_row"]["learn_s"]
     for timings in out.values():
         timings["rollout_s"] = rollout_s
         timings["learn_vs_at_grpo"] = timings["learn_s"] / base
+        timings["learn_vs_at_grpo_every_row"] = timings["learn_s"] / every_row
         timings["step_vs_at_grpo"] = (rollout_s + timings["learn_s"]) / (rollout_s + base)
     return out
-
 
 ASYNC = {"sync, 2 threads": (0, 2), "sync, 1 thread": (0, 1), "max_staleness=1": (1, 1), "max_staleness=2": (2, 1)}
 """The wall-per-step comparison: (``trainer.max_staleness``, threads of each process)."""

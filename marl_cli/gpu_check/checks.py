@@ -75,6 +75,11 @@ CHECKS: dict[str, Check] = {
     "tensor-parallel": Check("engines:tensor_parallel", "vLLM tensor_parallel_size=2: greedy = HF before and "
                                                         "after a weight push"),
     "async-rollouts": Check("training:async_rollouts", "trainer.max_staleness: rollouts overlapping the update"),
+    "speed-tiny": Check("speed:speed_tiny", "marl vs raw TRL per step at equal work, the tiny model; the 3-turn "
+                                           "embedded run's s/step at k=0 and k=1"),
+    "speed-0.6b": Check("speed:speed_0_6b", "the same at Qwen3-0.6B's layers (random weights, character vocabulary), "
+                                           "peak memory"),
+    "speed-1.7b": Check("speed:speed_1_7b", "the same at Qwen3-1.7B's layers, peak memory"),
     "paper-cell": Check("paper_cell:paper_cell", "one update of the AT-GRPO Qwen3-1.7B cell at its real shape "
                                                  "(random weights), peak memory against the docs' arithmetic"),
 }

@@ -10,7 +10,9 @@ import torch
 
 from marl_cli.gpu_check import runner, training
 from marl_cli.gpu_check.checks import CHECKS, Setup, Skip
+from marl_cli.gpu_check.pair import Work
 from marl_cli.gpu_check.paper_cell import QWEN3_1_7B, docs_estimate, paper_cell
+from marl_cli.gpu_check.speed import speed
 from marl_cli.gpu_check.table import Row, markdown, text_table, write
 from tests.helpers import cli
 
@@ -89,6 +91,16 @@ def test_async_rollouts_run_synchronous_and_one_update_behind(setup):
     row = runner.run_check("async-rollouts", setup)  # on the CPU stand-in: the rollout worker is a real process
     assert row.status == "pass", row.reason
     assert set(row.figures) == {"s/step k=0", "s/step k=1", "ratio"} and row.figures["s/step k=1"] > 0
+
+
+def test_the_speed_check_times_marl_and_trl_at_equal_work_and_the_3_turn_run(setup):
+    row = runner.run_check("speed-tiny", setup, lambda s: speed(s, "tiny", Work(tasks=2, generations=2, tokens=4,
+                                                                                 steps=2)))
+    assert row.status == "pass", row.result
+    assert row.figures["work"] == "2×2×4"
+    assert row.figures["ratio"] == pytest.approx(row.figures["marl s/step"] / row.figures["TRL s/step"])
+    assert all(row.figures[f"3-turn s/step k={k}"] > 0 for k in (0, 1))
+    assert runner.run_check("speed-0.6b", setup).status == "skip"  # the CPU runs the tiny stand-in only
 
 
 def test_a_short_run_trains_on_the_setups_device(setup):
