@@ -69,6 +69,7 @@ SchedulerType = choices("SchedulerType", "linear", "cosine", "cosine_with_restar
 """transformers' learning-rate schedules that need no metric."""
 TrainerRole = choices("TrainerRole", "all", "main", "sub")
 Sharding = choices("Sharding", "none", "fsdp2")
+KVCache = choices("KVCache", "dynamic", "static")
 ISCorrection = choices("ISCorrection", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 ISLevel = choices("ISLevel", "token", "sequence")
 """Where TRL's loss takes the PPO ratio (``GRPOConfig.importance_sampling_level``): per token, or per sequence
@@ -402,6 +403,16 @@ class ModelConfig:
 
 
 @dataclass
+class HFGenerationConfig:
+    """``rollout=hf``: how transformers' ``generate`` decodes."""
+
+    # dynamic: a group's prompt prefilled once, decoding into a cache that grows in place (the CPU's fastest);
+    # static: transformers' fixed-size cache, whose decoding step it compiles on CUDA (CUDA graphs)
+    cache: KVCache = KVCache.dynamic
+    width_multiple: int = bounded(64, ge=1)  # static: prompts left-padded to a multiple of this: fewer shapes compile
+
+
+@dataclass
 class VLLMConfig:
     """``rollout=vllm``: the engines colocated with the learner, one per full-model policy."""
 
@@ -431,6 +442,7 @@ class RolloutConfig:
     roles: dict[str, Any] = field(default_factory=dict)
     max_prompt_length: int = bounded(1024, ge=1)  # longer prompts keep their end (left truncation)
     batch_size: int = bounded(256, ge=1)  # largest batch handed to one generate call
+    hf: HFGenerationConfig = field(default_factory=HFGenerationConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 
-def pad_rows(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows as one padded (ids, attention mask) pair: padded on the left (prompts) or the right."""
-    width = max(len(r) for r in rows)
+def pad_rows(rows: list[list[int]], pad_id: int, left: bool, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one padded (ids, attention mask) pair: padded on the left (prompts) or the right, to the
+    longest row or ``width``, whichever is wider."""
+    width = max(width, *(len(r) for r in rows))
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):

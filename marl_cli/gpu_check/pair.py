@@ -50,8 +50,8 @@ def marl_config(work: Work, *overrides: str) -> Any:
 
 
 def saved_model(workdir: Path, cfg: Any) -> Path:
-    """The run's model saved once for both sides, its generation config suppressing EOS (every completion full
-    length)."""
+    """The run's model saved once for both sides (``workdir``/model), its generation config suppressing EOS (every
+    completion full length)."""
     from transformers import GenerationConfig
 
     target = workdir / "model"

@@ -1,6 +1,7 @@
 """The speed checks: marl against raw TRL per step at equal work (``pair.py``) at a model shape, then the 3-turn
 embedded run's seconds per step synchronous (k=0) and with rollouts one update behind (k=1, ``trainer.max_staleness``),
-with each side's peak memory on CUDA.
+with each side's peak memory on CUDA, and marl's step with ``rollout.hf.cache=static`` (its decoding compiled on
+CUDA).
 
 The shapes are Qwen3-0.6B's and Qwen3-1.7B's layers (the hub's ``config.json`` values) with random weights and the
 tiny model's character vocabulary (nothing downloads; the head is small, so the step is the layers'). On CUDA a step
@@ -17,7 +18,7 @@ import torch
 
 from marl_cli.gpu_check.checks import Figures, Setup, Skip, expect
 from marl_cli.gpu_check.common import compose_train, cuda_peak
-from marl_cli.gpu_check.pair import Work, compare, shape_overrides, step_records
+from marl_cli.gpu_check.pair import Work, compare, marl_config, run_marl, shape_overrides, step_records
 from marl_cli.gpu_check.paper_cell import QWEN3_1_7B
 
 LAYERS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -70,6 +71,10 @@ def speed(setup: Setup, shape: str, work: Work | None = None) -> Figures:
     if "peak_mib" in report["marl"]:
         figures.update({"marl peak GiB": report["marl"]["peak_mib"] / 1024,
                         "TRL peak GiB": report["trl"]["peak_mib"] / 1024})
+    # transformers compiles the static cache's decoding step on CUDA only: on the CPU it is the uncompiled path
+    cfg = marl_config(work, *overrides, "rollout.hf.cache=static", f"model.name_or_path={root / 'model'}")
+    static = run_marl(cfg, root / "marl_static", work)
+    figures["marl static-cache s/step"] = statistics.median(s["rollout_s"] + s["update_s"] for s in static)
     for k in (0, 1):
         seconds, peak = embedded_step(overrides, k, work, root / f"embedded-k{k}")
         figures[f"3-turn s/step k={k}"] = seconds

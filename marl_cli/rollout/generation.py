@@ -46,6 +46,8 @@ class Sampling:
     stop: tuple[str, ...] = ()
     max_prompt_length: int = 1024
     batch_size: int = 256
+    cache: str = "dynamic"  # the hf backend's key/value cache: dynamic (a shared prompt prefilled once) or static
+    width_multiple: int = 1  # static: prompts left-padded to a multiple of this many tokens
     use_chat_template: bool = True
     system_prompts: dict[str, str] = field(default_factory=dict)  # role -> system message
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -196,18 +198,17 @@ class HFGenerator:
         model.eval()
         for start in range(0, len(prompt_ids), sampling.batch_size):
             chunk = prompt_ids[start:start + sampling.batch_size]
-            input_ids, attention_mask = (t.to(model.device) for t in pad_rows(chunk, tokenizer.pad_token_id, left=True))
+            static = sampling.cache == "static"
+            width = -(-max(map(len, chunk)) // sampling.width_multiple) * sampling.width_multiple if static else 0
+            input_ids, attention_mask = (t.to(model.device) for t in pad_rows(chunk, tokenizer.pad_token_id,
+                                                                               left=True, width=width))
             recorder = _SampledLogprobs(_warpers(sampling))
             # The warpers run inside the recorder, so generate's own sampling settings are all neutral.
             kwargs = {"do_sample": False} if sampling.temperature <= 0 else {
                 "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0}
             with compute_precision(policy):
-                cache = (shared_prompt_cache(model, input_ids, attention_mask, always=True)
-                         if takes_cache(model) else None) or {}  # each distinct prompt run once
-                if cache:  # the cache holds the prompts at the learner's positions (0.., pads included), not
-                    # generate's padding-aware ones: the new tokens must continue from the same positions
-                    grow_in_place(cache[cache_argument(model)], input_ids.size(1) + sampling.max_new_tokens)
-                    cache["position_ids"] = torch.arange(input_ids.size(1), device=model.device).expand_as(input_ids)
+                cache = {"cache_implementation": "static"} if static else _prompt_cache(
+                    model, input_ids, attention_mask, sampling.max_new_tokens)
                 stops = {"stop_strings": list(sampling.stop), "tokenizer": tokenizer} if sampling.stop else {}
                 out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                      max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -222,6 +223,18 @@ class HFGenerator:
                                           sampling.stop))
         model.train(was_training)
         return results
+
+
+def _prompt_cache(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  max_new_tokens: int) -> dict[str, Any]:
+    """``generate``'s cache arguments with each distinct prompt of ``input_ids`` prefilled once, decoding into a cache
+    that grows in place (none where the model's generation config names a cache of its own, ``takes_cache``)."""
+    cache = (shared_prompt_cache(model, input_ids, attention_mask, always=True) if takes_cache(model) else None) or {}
+    if cache:  # the cache holds the prompts at the learner's positions (0.., pads included), not generate's
+        # padding-aware ones: the new tokens must continue from the same positions
+        grow_in_place(cache[cache_argument(model)], input_ids.size(1) + max_new_tokens)
+        cache["position_ids"] = torch.arange(input_ids.size(1), device=model.device).expand_as(input_ids)
+    return cache
 
 
 def takes_cache(model: Any) -> bool:

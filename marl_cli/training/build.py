@@ -69,7 +69,9 @@ def sampling_from(cfg: DictConfig, evaluation: bool = False) -> Sampling:
     return Sampling(temperature=cfg.eval.temperature if evaluation else rollout.temperature, top_p=rollout.top_p,
                     top_k=rollout.top_k, min_p=rollout.min_p, max_new_tokens=rollout.max_new_tokens,
                     stop=tuple(rollout.stop), max_prompt_length=rollout.max_prompt_length,
-                    batch_size=rollout.batch_size, use_chat_template=model_cfg.use_chat_template,
+                    batch_size=rollout.batch_size, cache=str(rollout.hf.cache),
+                    width_multiple=rollout.hf.width_multiple,
+                    use_chat_template=model_cfg.use_chat_template,
                     system_prompts=dict(model_cfg.system_prompts),
                     chat_template_kwargs=OmegaConf.to_container(model_cfg.chat_template_kwargs),
                     roles={role: role_sampling(cfg, role, evaluation) for role in cfg.workflow.roles})
