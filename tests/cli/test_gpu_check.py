@@ -145,7 +145,7 @@ def test_only_runs_the_named_checks_in_table_order_and_writes_both_files(monkeyp
     assert [r["check"] for r in json.loads(out.read_text())["rows"]] == ["device", "tensor-parallel"]
     assert "device" in done.stdout and "[2/2] tensor-parallel: skip" in done.stderr
     assert out.with_suffix(".md").read_text().startswith("`make gpu-check` on ")
-    assert len(CHECKS) == 10  # the ten GPU paths of issue 33
+    assert len(CHECKS) == 13  # the ten GPU paths of issue 33 and issue 46's three speed rows
 
 
 def test_a_check_runs_in_its_own_process_and_is_killed_at_its_timeout(setup):
