@@ -332,8 +332,8 @@ class PolicyTrainer:
         (None where every row is one; the old log-probs stay out of ``batch``): the first step's loss forward gives
         theirs (``_fill_old``)."""
         later = later or []
-        shape = batch["completion_ids"].shape
-        rest = [i for i in range(shape[0]) if i not in set(later)]
+        shape, skipped = batch["completion_ids"].shape, set(later)
+        rest = [i for i in range(shape[0]) if i not in skipped]
         old = entropies = None
         if not later:
             old, entropies = self._forward(self.learner, batch, entropy=True)
