@@ -37,24 +37,34 @@ def shape_overrides(shape: dict[str, int]) -> list[str]:
     return [f"model.tiny.{key}={value}" for key, value in shape.items()]
 
 
-def marl_config(work: Work, *overrides: str) -> Any:
-    """``experiment=embedded`` cut to one turn of ``work``: one optimiser step of every row, bnpo, β 0."""
-    rows = work.tasks * work.generations
+def embedded_config(work: Work, *overrides: str) -> Any:
+    """``experiment=embedded`` (3 turns) at ``work``'s tasks, group, completion length and steps, timed only: no
+    warm start, evaluation, checkpoint, logger or progress bar."""
     return compose_train(
-        "experiment=embedded", "trainer.warmstart.enabled=false", "workflow.max_turns=1",
-        f"rollout.tasks_per_step={work.tasks}", f"algorithm.num_generations={work.generations}",
-        f"rollout.max_new_tokens={work.tokens}", f"trainer.mini_batch_size={rows}", "trainer.loss_type=bnpo",
-        "trainer.beta=0.0", "trainer.skip_zero_advantage=false", f"trainer.steps={work.steps}",
-        "trainer.save_every=0", "trainer.eval_every=0", "env.eval_size=1", "logger=none", "progress=false",
-        "trainer.log_completions_every=0", *overrides)
+        "experiment=embedded", "trainer.warmstart.enabled=false", f"rollout.tasks_per_step={work.tasks}",
+        f"algorithm.num_generations={work.generations}", f"rollout.max_new_tokens={work.tokens}",
+        f"trainer.steps={work.steps}", "trainer.save_every=0", "trainer.eval_every=0", "env.eval_size=1",
+        "logger=none", "progress=false", "trainer.log_completions_every=0", *overrides)
+
+
+def marl_config(work: Work, *overrides: str) -> Any:
+    """``embedded_config`` cut to one turn: one optimiser step of every row, bnpo, β 0."""
+    return embedded_config(work, "workflow.max_turns=1", f"trainer.mini_batch_size={work.tasks * work.generations}",
+                           "trainer.loss_type=bnpo", "trainer.beta=0.0", "trainer.skip_zero_advantage=false",
+                           *overrides)
+
+
+def model_dir(workdir: Path) -> Path:
+    """Where ``saved_model`` saves the model both sides of a comparison in ``workdir`` load."""
+    return workdir / "model"
 
 
 def saved_model(workdir: Path, cfg: Any) -> Path:
-    """The run's model saved once for both sides (``workdir``/model), its generation config suppressing EOS (every
+    """The run's model saved once for both sides (``model_dir``), its generation config suppressing EOS (every
     completion full length)."""
     from transformers import GenerationConfig
 
-    target = workdir / "model"
+    target = model_dir(workdir)
     save_tiny(cfg.model.tiny, cfg.seed, target)
     generation = GenerationConfig.from_pretrained(target)
     generation.suppress_tokens = [build_tiny_tokenizer().eos_token_id]

@@ -17,8 +17,17 @@ from pathlib import Path
 import torch
 
 from marl_cli.gpu_check.checks import Figures, Setup, Skip, expect
-from marl_cli.gpu_check.common import compose_train, cuda_peak
-from marl_cli.gpu_check.pair import Work, compare, marl_config, run_marl, shape_overrides, step_records
+from marl_cli.gpu_check.common import cuda_peak
+from marl_cli.gpu_check.pair import (
+    Work,
+    compare,
+    embedded_config,
+    marl_config,
+    model_dir,
+    run_marl,
+    shape_overrides,
+    step_records,
+)
 from marl_cli.gpu_check.paper_cell import QWEN3_1_7B
 
 LAYERS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -72,7 +81,7 @@ def speed(setup: Setup, shape: str, work: Work | None = None) -> Figures:
         figures.update({"marl peak GiB": report["marl"]["peak_mib"] / 1024,
                         "TRL peak GiB": report["trl"]["peak_mib"] / 1024})
     # transformers compiles the static cache's decoding step on CUDA only: on the CPU it is the uncompiled path
-    cfg = marl_config(work, *overrides, "rollout.hf.cache=static", f"model.name_or_path={root / 'model'}")
+    cfg = marl_config(work, *overrides, "rollout.hf.cache=static", f"model.name_or_path={model_dir(root)}")
     static = run_marl(cfg, root / "marl_static", work)
     figures["marl static-cache s/step"] = statistics.median(s["rollout_s"] + s["update_s"] for s in static)
     for k in (0, 1):
@@ -89,11 +98,7 @@ def embedded_step(overrides: list[str], staleness: int, work: Work, run: Path) -
     and its peak memory (MiB, CUDA)."""
     from marl_cli.training.loop import train
 
-    cfg = compose_train("experiment=embedded", "trainer.warmstart.enabled=false", f"trainer.steps={work.steps}",
-                        f"rollout.tasks_per_step={work.tasks}", f"algorithm.num_generations={work.generations}",
-                        f"rollout.max_new_tokens={work.tokens}", "trainer.save_every=0", "trainer.eval_every=0",
-                        "env.eval_size=1", "logger=none", "progress=false", "trainer.log_completions_every=0",
-                        f"trainer.max_staleness={staleness}", *overrides)
+    cfg = embedded_config(work, f"trainer.max_staleness={staleness}", *overrides)
     with cuda_peak(str(cfg.device)) as peak:
         summary = train(cfg, run)
     expect(summary.get("status") == "completed", f"the 3-turn run (k={staleness}) ended {summary.get('status')!r}")

@@ -13,6 +13,7 @@ key/value cache that grows in place (``rollout/growing_cache.py``).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -196,10 +197,10 @@ class HFGenerator:
         results: list[Generation] = []
         was_training = model.training
         model.eval()
+        static = sampling.cache == "static"
         for start in range(0, len(prompt_ids), sampling.batch_size):
             chunk = prompt_ids[start:start + sampling.batch_size]
-            static = sampling.cache == "static"
-            width = -(-max(map(len, chunk)) // sampling.width_multiple) * sampling.width_multiple if static else 0
+            width = math.ceil(max(map(len, chunk)) / sampling.width_multiple) * sampling.width_multiple if static else 0
             input_ids, attention_mask = (t.to(model.device) for t in pad_rows(chunk, tokenizer.pad_token_id,
                                                                                left=True, width=width))
             recorder = _SampledLogprobs(_warpers(sampling))
