@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marl_cli.config.registry import import_modules
+from marl_cli.config.registry import frozen, import_modules
 from marl_cli.envs.base import Env
 from marl_cli.workflows.base import WORKFLOWS, Workflow
 
@@ -14,4 +14,4 @@ import_modules(__name__, __path__)
 
 def build_workflow(cfg: Any, env: Env) -> Workflow:
     """The workflow named by ``cfg.name`` over ``env``."""
-    return WORKFLOWS.get(cfg.name)(cfg, env)
+    return WORKFLOWS.get(cfg.name)(frozen(cfg), env)
