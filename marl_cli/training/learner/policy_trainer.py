@@ -429,7 +429,7 @@ class PolicyTrainer:
     def _train(self, rows: list[Sample], rng: random.Random, stats: dict[str, list[float]]) -> None:
         """The optimiser steps of one RL step on ``rows`` (at least one per process), their statistics into
         ``stats``. The first mini-batch trained takes its old log-probs from its own loss forward where it can
-        (``_fuses_old``); the others' are computed before any optimiser step."""
+        (``_self_scoring``); the others' are computed before any optimiser step."""
         batches = self._mini_batches(rows)
         if self.cfg.mask_truncated_completions:
             stats["masked_truncated_fraction"].append(sum(not s.finished for s in rows) / len(rows))
@@ -437,7 +437,7 @@ class PolicyTrainer:
         self.learner.train()
         self._entropy = [0.0, 0.0]
         order = rng.sample(batches, len(batches))
-        fused = self._fuses_old(order[0])
+        fused = self._self_scoring(order[0])
         for mb in batches:
             mb.old, mb.entropies = self._prepare(mb.batch, stats, mb.trained() if mb is fused else None)
         for iteration in range(self.cfg.num_iterations):
@@ -454,7 +454,7 @@ class PolicyTrainer:
         advantage_stats(rows, stats)
         stats["mini_batches"].append(float(len(batches)))
 
-    def _fuses_old(self, mb: MiniBatch) -> MiniBatch | None:
+    def _self_scoring(self, mb: MiniBatch) -> MiniBatch | None:
         """``mb`` if the first optimiser step, on it, can take the old log-probs of its trained rows from its own
         loss forward (detached, as TRL does when the samples are fresh): nothing reads them before the loss (no
         importance-sampling correction, no off-policy mask); on an FSDP2-sharded learner only where no rank's share

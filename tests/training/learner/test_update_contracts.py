@@ -92,7 +92,7 @@ def test_the_first_step_scoring_its_own_old_logprobs_is_the_update_with_them_sco
             row.advantage = 0.0
         trainer = _trainer(policy, tmp_path / str(ahead), mini_batch_size=mini_batch_size, learning_rate=5e-2)
         if ahead:
-            monkeypatch.setattr(trainer, "_fuses_old", lambda mb: None)
+            monkeypatch.setattr(trainer, "_self_scoring", lambda mb: None)
         stats[ahead] = trainer.update(rows, random.Random(0))
         weights[ahead] = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
     for key, value in weights[True].items():
